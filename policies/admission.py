@@ -1,0 +1,95 @@
+"""Built-in admission policies: ``fifo``, ``budget``, ``pack``.
+
+Semantics follow the seed posts (``../shared/seeds``): 027 (pending-queue
+admission), 031 (prefill token budget), 033 (lookahead packing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from roseinfer import hookimpl
+from roseinfer.interface import AdmissionPolicy, Budget, PolicyContext
+from roseinfer.sequence import Sequence as Seq
+
+
+def fifo_under_budget(waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    """Arrival order under the token budget (seed 031).
+
+    Takes requests from the head while their summed cost fits
+    ``budget.max_tokens``; stops at the first misfit, which stays at the head
+    for the next round (order is never broken). An oversize head goes alone so
+    nothing deadlocks. No token limit: the first ``budget.max_seqs`` requests.
+    """
+    selected: list[Seq] = []
+    num_tokens = 0
+    for i in range(min(budget.max_seqs, len(waiting))):
+        seq = waiting[i]
+        cost = ctx.cost(seq)
+        if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
+            if not selected:
+                selected.append(seq)  # oversize head: alone
+            break
+        selected.append(seq)
+        num_tokens += cost
+    return selected
+
+
+class Fifo(AdmissionPolicy):
+    """Arrival order, limited only by seats and KV blocks (seed 027)."""
+
+    name = "fifo"
+    description = "arrival order; ignores the token budget (seed 027)"
+
+
+class TokenBudget(AdmissionPolicy):
+    """FIFO under a per-round prefill token budget (seed 031)."""
+
+    name = "budget"
+    description = "arrival order under --prefill-max-tokens; oversize head alone (seed 031)"
+    uses_token_budget = True
+
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+        """See :func:`fifo_under_budget`."""
+        return fifo_under_budget(waiting, budget, ctx)
+
+
+class Pack(AdmissionPolicy):
+    """Lookahead packing under the token budget (seed 033).
+
+    Looks at the first ``lookahead`` waiting requests, takes them greedily by
+    (cost, arrival) while they fit the budget and the seat limit, and admits
+    the chosen ones in arrival order; the rest keep their places at the front.
+    A request costlier than the whole budget is skipped; if nothing fits, the
+    head goes alone. Without a token budget it is FIFO.
+    """
+
+    name = "pack"
+    description = "greedy by cost in a --lookahead window under the budget (seed 033)"
+    uses_token_budget = True
+    uses_lookahead = True
+
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+        """See the class docstring."""
+        if budget.max_tokens is None:
+            return fifo_under_budget(waiting, budget, ctx)
+        window = [waiting[i] for i in range(min(self.options.lookahead, len(waiting)))]
+        costs = [ctx.cost(seq) for seq in window]
+        chosen = [False] * len(window)
+        num_tokens = num_chosen = 0
+        for i in sorted(range(len(window)), key=lambda j: (costs[j], j)):
+            if num_chosen >= budget.max_seqs:
+                break
+            if num_tokens + costs[i] <= budget.max_tokens:
+                chosen[i] = True
+                num_tokens += costs[i]
+                num_chosen += 1
+        if not num_chosen and window:
+            chosen[0] = True  # nothing fits: the head goes alone
+        return [seq for seq, take in zip(window, chosen) if take]
+
+
+@hookimpl
+def register_admission_policies() -> list[type[AdmissionPolicy]]:
+    """The built-in admission policies."""
+    return [Fifo, TokenBudget, Pack]

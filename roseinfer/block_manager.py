@@ -1,0 +1,239 @@
+"""KV-cache block accounting shared by the simulator and the executor.
+
+The pool has ``num_blocks`` blocks of ``block_size`` tokens. Each block has a
+reference count; blocks with no reference sit in a free queue in LRU order.
+With prefix caching, every full prompt block gets a hash chained with its
+parent block's hash (as vLLM's ``hash_block_tokens`` and nano-vllm do); a
+hash-to-block index lets a later request reuse the block instead of computing
+it again. A freed block keeps its hash until it is taken from the free queue
+for new content (LRU eviction), so "free" includes evictable cached blocks.
+
+The executor's K/V tensors follow these block ids; the simulator has no
+tensors, so its hit rates and preemptions are this algorithm's, not an imitation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from roseinfer.request import Request
+from roseinfer.sequence import Sequence
+
+
+def compute_block_hashes(request: Request, block_size: int) -> list[int]:
+    """Chained hashes of the request's full prompt blocks.
+
+    Token ids are hashed when present: block i's hash covers its tokens and
+    block i-1's hash. Otherwise Mooncake ``prefix_hash_ids`` (one id per
+    ``prefix_hash_block_tokens`` tokens, where an equal id already implies an
+    equal whole prefix) give block i the id of the hash block holding its last
+    token, paired with i. Without either, the prompt shares nothing: [].
+
+    Returns:
+        One int per full prompt block (``num_prompt_tokens // block_size``).
+    """
+    num_full = request.num_prompt_tokens // block_size
+    ids = request.prompt_token_ids
+    if ids is not None:
+        hashes: list[int] = []
+        parent = 0
+        for i in range(num_full):
+            parent = hash((parent, *ids[i * block_size : (i + 1) * block_size]))
+            hashes.append(parent)
+        return hashes
+    hash_ids = request.prefix_hash_ids
+    if hash_ids:
+        span = request.prefix_hash_block_tokens
+        last = len(hash_ids) - 1
+        return [
+            hash(("prefix", hash_ids[min(((i + 1) * block_size - 1) // span, last)], i))
+            for i in range(num_full)
+        ]
+    return []
+
+
+class BlockManager:
+    """Free list, reference counts, block tables and the prefix-cache index.
+
+    Every ``can_*`` check has its action beside it (``can_allocate`` /
+    ``allocate``, ``can_grow`` / ``grow``); actions assume the check passed and
+    raise ``RuntimeError`` otherwise.
+
+    Args:
+        num_blocks: blocks in the pool (> 0).
+        block_size: tokens per block (> 0).
+        enable_prefix_caching: index full prompt blocks by hash for reuse.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be > 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._hash_to_block: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._tables: dict[int, list[int]] = {}
+        self.num_queried_tokens = 0  # prompt tokens looked up at first admissions
+        self.num_hit_tokens = 0  # of which served from the cache
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with no reference (including evictable cached blocks)."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by at least one request."""
+        return self.num_blocks - len(self._free)
+
+    def block_table(self, seq: Sequence) -> list[int]:
+        """The block ids of ``seq`` in position order (empty if it holds none)."""
+        return self._tables.get(seq.seq_id, [])
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def _hashes(self, seq: Sequence) -> list[int]:
+        if seq.block_hashes is None:
+            seq.block_hashes = compute_block_hashes(seq.request, self.block_size)
+        return seq.block_hashes
+
+    def _hit_blocks(self, seq: Sequence) -> list[int]:
+        """Cached blocks of the longest hit prefix, capped so that at least the
+        last token is computed (its logits give the next token)."""
+        if not self.enable_prefix_caching:
+            return []
+        hashes = self._hashes(seq)
+        max_hit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
+        hits: list[int] = []
+        for h in hashes[:max_hit]:
+            block = self._hash_to_block.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def num_cached_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` that a prefill now would take from the prefix cache."""
+        return len(self._hit_blocks(seq)) * self.block_size
+
+    # --------------------------------------------------------------- allocation
+    def can_allocate(self, seq: Sequence) -> bool:
+        """True when the blocks for all ``seq.num_tokens`` tokens can be had now."""
+        hits = self._hit_blocks(seq)
+        num_new = self.blocks_for(seq.num_tokens) - len(hits)
+        num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
+        return num_new <= len(self._free) - num_hits_free
+
+    def allocate(self, seq: Sequence) -> int:
+        """Give ``seq`` blocks for its ``num_tokens`` tokens, reusing cached ones.
+
+        Registers the hashes of the full prompt blocks it will compute, so an
+        identical prompt admitted in the same iteration reuses them (seed 004's
+        in-batch dedup).
+
+        Returns:
+            Tokens served from the prefix cache.
+
+        Raises:
+            RuntimeError: if ``seq`` already holds blocks or the pool is short.
+        """
+        if seq.seq_id in self._tables:
+            raise RuntimeError(f"{seq} already holds KV blocks")
+        if not self.can_allocate(seq):
+            raise RuntimeError(f"not enough free KV blocks for {seq}")
+        table = self._hit_blocks(seq)
+        for block in table:
+            self._ref(block)
+        num_hit = len(table)
+        for _ in range(self.blocks_for(seq.num_tokens) - num_hit):
+            table.append(self._take_free())
+        self._tables[seq.seq_id] = table
+        if self.enable_prefix_caching:
+            self._register(table, self._hashes(seq), num_hit)
+        return num_hit * self.block_size
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """True when ``seq``'s table can be extended to hold ``num_tokens`` tokens."""
+        return self.num_blocks_to_grow(seq, num_tokens) <= len(self._free)
+
+    def num_blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks ``seq`` needs to hold ``num_tokens`` tokens."""
+        return max(0, self.blocks_for(num_tokens) - len(self._tables[seq.seq_id]))
+
+    def grow(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend ``seq``'s table to hold ``num_tokens`` tokens (decode slots).
+
+        Raises:
+            RuntimeError: if the pool is short (call ``can_grow`` first).
+        """
+        table = self._tables[seq.seq_id]
+        num_new = self.blocks_for(num_tokens) - len(table)
+        if num_new > len(self._free):
+            raise RuntimeError(f"not enough free KV blocks to grow {seq}")
+        for _ in range(num_new):
+            table.append(self._take_free())
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references. Tail blocks are freed first, so they are
+        evicted before the shared prefix blocks (vLLM frees in reverse order)."""
+        table = self._tables.pop(seq.seq_id, None)
+        if table is None:
+            return
+        for block in reversed(table):
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] == 0:
+                self._free[block] = None
+                if self._block_hash[block] is None:
+                    self._free.move_to_end(block, last=False)  # nothing to keep: reuse first
+
+    def record_prefix_query(self, seq: Sequence, num_cached_tokens: int) -> None:
+        """Count a first admission for the prefix-cache hit rate."""
+        self.num_queried_tokens += seq.num_prompt_tokens
+        self.num_hit_tokens += num_cached_tokens
+
+    # ------------------------------------------------------------------ helpers
+    def _ref(self, block: int) -> None:
+        if self._ref_counts[block] == 0:
+            del self._free[block]
+        self._ref_counts[block] += 1
+
+    def _take_free(self) -> int:
+        block, _ = self._free.popitem(last=False)  # least recently freed
+        old = self._block_hash[block]
+        if old is not None:  # evict its cached content
+            self._block_hash[block] = None
+            if self._hash_to_block.get(old) == block:
+                del self._hash_to_block[old]
+        self._ref_counts[block] = 1
+        return block
+
+    def _register(self, table: list[int], hashes: list[int], start: int) -> None:
+        for i in range(start, min(len(hashes), len(table))):
+            h = hashes[i]
+            if h not in self._hash_to_block:
+                self._hash_to_block[h] = table[i]
+                self._block_hash[table[i]] = h
+
+    def check_invariants(self) -> None:
+        """Assert exact accounting: free + used == total, ref counts equal table
+        references, the hash index points at blocks holding that hash.
+
+        Raises:
+            AssertionError: naming the broken invariant.
+        """
+        refs = [0] * self.num_blocks
+        for table in self._tables.values():
+            for block in table:
+                refs[block] += 1
+        assert refs == self._ref_counts, "ref counts differ from block tables"
+        free = {b for b in range(self.num_blocks) if refs[b] == 0}
+        assert free == set(self._free), "free queue differs from unreferenced blocks"
+        assert len(self._free) + self.num_used_blocks == self.num_blocks
+        for h, block in self._hash_to_block.items():
+            assert self._block_hash[block] == h, f"hash index stale for block {block}"

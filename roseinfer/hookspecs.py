@@ -1,0 +1,53 @@
+"""Hook specifications of the ``roseinfer`` plugin namespace.
+
+Plugins implement these with ``@roseinfer.hookimpl``. Built-in plugins are
+ordinary modules listed in ``roseinfer.registry.DEFAULT_PLUGINS`` and are
+registered exactly as third-party modules found in the ``roseinfer``
+entry-point group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from roseinfer.interface import AdmissionPolicy, PolicyWrapper
+
+PROJECT_NAME = "roseinfer"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_admission_policies() -> list[type[AdmissionPolicy]]:  # type: ignore[empty-body]
+    """Return admission policy classes contributed by this plugin.
+
+    Each class subclasses :class:`roseinfer.interface.AdmissionPolicy`, has a
+    unique ``name`` (the ``--policy`` value) and overrides ``admit``. All
+    implementations are collected (a list of lists); duplicate names are an error.
+    """
+
+
+@hookspec
+def register_loop_orders() -> list[type[AdmissionPolicy]]:  # type: ignore[empty-body]
+    """Return loop-ordering classes contributed by this plugin.
+
+    Each class subclasses :class:`roseinfer.interface.AdmissionPolicy`, has a
+    unique ``name`` (the ``--loop-order`` value) and overrides ``order``
+    (prefill-first or decode-first for the next iteration). All implementations
+    are collected; duplicate names are an error.
+    """
+
+
+@hookspec
+def register_policy_wrappers() -> list[type[PolicyWrapper]]:  # type: ignore[empty-body]
+    """Return policy wrapper classes contributed by this plugin.
+
+    A wrapper (subclass of :class:`roseinfer.interface.PolicyWrapper`) wraps
+    whatever admission policy a run chose, when its ``enabled(options)``
+    class method says the run's options ask for it (e.g. force-FIFO when
+    ``--force-fifo-every N`` is given). All implementations are collected.
+    """

@@ -1,0 +1,149 @@
+"""Plugin discovery: built-in and third-party policies through pluggy.
+
+Built-in plugins are modules named in :data:`DEFAULT_PLUGINS`, registered
+exactly as third-party modules found in the ``roseinfer`` entry-point group.
+Nothing happens at import: call :func:`load_registry`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import pluggy
+
+from roseinfer import hookspecs
+from roseinfer.interface import (
+    AdmissionPolicy,
+    ComposedPolicy,
+    PolicyOptions,
+    PolicyWrapper,
+)
+
+ENTRY_POINT_GROUP = "roseinfer"
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "roseinfer.policies.admission",
+    "roseinfer.policies.orderings",
+    "roseinfer.policies.wrappers",
+)
+
+
+class UnknownPolicyError(ValueError):
+    """A policy or loop-order name no plugin registered (message lists the known ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A registered class and the plugin that contributed it."""
+
+    cls: type[AdmissionPolicy]
+    plugin: str
+
+
+@dataclass(slots=True)
+class Registry:
+    """Registered admission policies, loop orders and wrappers by name."""
+
+    policies: dict[str, Entry] = field(default_factory=dict)
+    loop_orders: dict[str, Entry] = field(default_factory=dict)
+    wrappers: dict[str, Entry] = field(default_factory=dict)
+
+    def policy(self, name: str) -> type[AdmissionPolicy]:
+        """The admission policy class called ``name``.
+
+        Raises:
+            UnknownPolicyError: listing the known names.
+        """
+        return _lookup(self.policies, name, "policy", "--policy")
+
+    def loop_order(self, name: str) -> type[AdmissionPolicy]:
+        """The loop-ordering class called ``name``.
+
+        Raises:
+            UnknownPolicyError: listing the known names.
+        """
+        return _lookup(self.loop_orders, name, "loop order", "--loop-order")
+
+    def make(self, policy: str, loop_order: str, options: PolicyOptions) -> ComposedPolicy:
+        """Instantiate the policy a run uses: ``policy`` for admission (wrapped by
+        every wrapper that ``options`` enable) and ``loop_order`` for ordering.
+
+        Raises:
+            UnknownPolicyError: for an unknown name.
+        """
+        admission: AdmissionPolicy = self.policy(policy)(options)
+        for entry in self.wrappers.values():
+            wrapper_cls = entry.cls
+            assert issubclass(wrapper_cls, PolicyWrapper)
+            if wrapper_cls.enabled(options):
+                admission = wrapper_cls(admission, options)
+        return ComposedPolicy(admission, self.loop_order(loop_order)(options))
+
+    def describe(self) -> str:
+        """A table of every registered name with its plugin (``--list-policies``)."""
+        lines: list[str] = []
+        for title, table in (
+            ("admission policies (--policy)", self.policies),
+            ("loop orders (--loop-order)", self.loop_orders),
+            ("wrappers (turned on by their option)", self.wrappers),
+        ):
+            lines.append(title + ":")
+            for name, entry in sorted(table.items()):
+                option = getattr(entry.cls, "option", "")
+                extra = f" [--{option.replace('_', '-')}]" if option else ""
+                lines.append(f"  {name:<16} {entry.cls.description}{extra}  (plugin: {entry.plugin})")
+        return "\n".join(lines)
+
+
+def _lookup(table: dict[str, Entry], name: str, what: str, flag: str) -> type[AdmissionPolicy]:
+    entry = table.get(name)
+    if entry is None:
+        known = ", ".join(sorted(table)) or "(none)"
+        raise UnknownPolicyError(f"unknown {what} {name!r} for {flag}; known: {known}")
+    return entry.cls
+
+
+def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
+    """A fresh plugin manager with the built-ins and (optionally) entry-point plugins.
+
+    Raises:
+        ImportError: if a built-in module cannot be imported.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    for module_name in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(module_name), name=module_name)
+    if load_entry_points:
+        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    return pm
+
+
+def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
+    """Collect every plugin's classes into a :class:`Registry`.
+
+    Raises:
+        ValueError: if two classes claim the same name, or a class lacks a name.
+    """
+    pm = pm if pm is not None else make_plugin_manager()
+    registry = Registry()
+    hooks = (
+        ("register_admission_policies", registry.policies),
+        ("register_loop_orders", registry.loop_orders),
+        ("register_policy_wrappers", registry.wrappers),
+    )
+    for hook_name, table in hooks:
+        caller = getattr(pm.hook, hook_name)
+        for impl in caller.get_hookimpls():
+            plugin = pm.get_name(impl.plugin) or repr(impl.plugin)
+            for cls in impl.function() or []:
+                _add(table, cls, plugin)
+    return registry
+
+
+def _add(table: dict[str, Entry], cls: type[AdmissionPolicy], plugin: str) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, AdmissionPolicy)) or not cls.name:
+        raise ValueError(f"plugin {plugin} registered {cls!r}: not an AdmissionPolicy with a name")
+    if cls.name in table:
+        other = table[cls.name].plugin
+        raise ValueError(f"plugins {other} and {plugin} both register {cls.name!r}")
+    table[cls.name] = Entry(cls, plugin)

@@ -1,0 +1,72 @@
+"""Shared test helpers: small requests, schedulers and a toy cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from roseinfer.config import SchedulerConfig
+from roseinfer.interface import Budget, PolicyContext, PolicyOptions
+from roseinfer.registry import Registry, load_registry
+from roseinfer.request import Request
+from roseinfer.scheduler import Scheduler
+from roseinfer.sequence import Sequence
+
+
+def req(i: int, prompt: int, output: int = 4, arrival: float = 0.0, **kw) -> Request:
+    """A request with id ``r{i}``."""
+    return Request(f"r{i}", arrival, prompt, output, **kw)
+
+
+def seqs(*prompt_lengths: int) -> list[Sequence]:
+    """Waiting sequences with the given prompt lengths, ids 0.."""
+    return [Sequence(i, req(i, n)) for i, n in enumerate(prompt_lengths)]
+
+
+def ctx(max_model_len: int = 1024, admission_round: int = 1) -> PolicyContext:
+    """A policy context whose cost is the prompt capped at max_model_len (no cache)."""
+    return PolicyContext(
+        now_s=0.0,
+        admission_round=admission_round,
+        num_running=0,
+        num_waiting=0,
+        max_model_len=max_model_len,
+        cost=lambda s: min(s.num_tokens, max_model_len),
+    )
+
+
+def budget(max_tokens: int | None, max_seqs: int = 8) -> Budget:
+    return Budget(max_tokens=max_tokens, max_seqs=max_seqs, num_free_blocks=1000)
+
+
+class ToyCostModel:
+    """Linear cost: 1 ms per step, 10 us per prefill token, 0.1 ms per decode seq."""
+
+    name = "toy"
+
+    def step_time_s(self, shape) -> float:
+        n = int(shape.prefill_new_tokens.sum())
+        if n == 0 and len(shape.decode_context_tokens) == 0:
+            return 0.0
+        return 1e-3 + 1e-5 * n + 1e-4 * len(shape.decode_context_tokens)
+
+    def decode_run_times_s(self, context_tokens, num_steps: int) -> np.ndarray:
+        return np.full(num_steps, 1e-3 + 1e-4 * len(context_tokens))
+
+    def describe(self) -> str:
+        return "toy linear cost"
+
+
+@pytest.fixture(scope="session")
+def registry() -> Registry:
+    return load_registry()
+
+
+def make_scheduler(registry: Registry, **cfg) -> Scheduler:
+    """A scheduler with a roomy default config, overridden by ``cfg``."""
+    options = cfg.pop("options", PolicyOptions())
+    config = SchedulerConfig(
+        **{"num_kv_blocks": 256, "block_size": 4, "max_num_seqs": 8, **cfg}, options=options
+    )
+    policy = registry.make(config.policy, config.loop_order, config.options)
+    return Scheduler(config, policy, policy.label)

@@ -1,0 +1,90 @@
+"""Seed behaviours of the built-in policies (seeds 031 and 033 test cases)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import budget, ctx, seqs
+
+from roseinfer.interface import DECODE_FIRST, PREFILL_FIRST, PolicyOptions
+from roseinfer.policies.admission import Fifo, Pack, TokenBudget
+from roseinfer.policies.orderings import DecodeFirst, PrefillFirst
+from roseinfer.policies.wrappers import ForceFifo
+
+
+def ids(selection) -> list[int]:
+    return [s.seq_id for s in selection]
+
+
+def test_budget_cuts_at_first_misfit_and_keeps_order() -> None:
+    waiting = seqs(2, 2, 2)
+    assert ids(TokenBudget().admit(waiting, budget(4), ctx())) == [0, 1]
+
+
+def test_budget_lets_an_oversize_head_go_alone() -> None:
+    waiting = seqs(100, 1)
+    assert ids(TokenBudget().admit(waiting, budget(4), ctx())) == [0]
+
+
+def test_budget_does_not_skip_a_misfit_for_a_later_fit() -> None:
+    waiting = seqs(3, 5, 1)
+    assert ids(TokenBudget().admit(waiting, budget(4), ctx())) == [0]
+
+
+def test_cost_is_capped_at_max_context() -> None:
+    waiting = seqs(100, 100)
+    assert ids(TokenBudget().admit(waiting, budget(16), ctx(max_model_len=8))) == [0, 1]
+
+
+def test_budget_respects_max_seqs() -> None:
+    waiting = seqs(1, 1, 1, 1)
+    assert ids(TokenBudget().admit(waiting, budget(100, max_seqs=3), ctx())) == [0, 1, 2]
+
+
+def test_fifo_ignores_the_token_budget() -> None:
+    waiting = seqs(100, 100, 100)
+    assert ids(Fifo().admit(waiting, budget(4, max_seqs=2), ctx())) == [0, 1]
+
+
+def test_pack_skips_an_oversize_head() -> None:
+    waiting = seqs(100, 2, 2)
+    assert ids(Pack().admit(waiting, budget(4), ctx())) == [1, 2]
+
+
+def test_pack_sends_the_head_alone_when_nothing_fits() -> None:
+    waiting = seqs(100, 100)
+    assert ids(Pack().admit(waiting, budget(4), ctx())) == [0]
+
+
+def test_pack_is_greedy_by_cost_and_returns_arrival_order() -> None:
+    waiting = seqs(3, 5, 1, 2, 9)
+    # by (cost, index): 1(#2), 2(#3), 3(#0) -> 6 tokens; 5 would exceed 8
+    assert ids(Pack().admit(waiting, budget(8), ctx())) == [0, 2, 3]
+
+
+def test_pack_only_looks_inside_the_lookahead_window() -> None:
+    waiting = seqs(100, 100, 1)
+    pack = Pack(PolicyOptions(lookahead=2))
+    assert ids(pack.admit(waiting, budget(4), ctx())) == [0]
+
+
+def test_pack_caps_the_number_of_requests() -> None:
+    waiting = seqs(1, 1, 1, 1)
+    assert ids(Pack().admit(waiting, budget(100, max_seqs=2), ctx())) == [0, 1]
+
+
+def test_pack_without_a_budget_is_fifo() -> None:
+    waiting = seqs(100, 1, 1)
+    assert ids(Pack().admit(waiting, budget(None, max_seqs=2), ctx())) == [0, 1]
+
+
+@pytest.mark.parametrize("round_index, expected", [(1, [1, 2]), (2, [1, 2]), (3, [0])])
+def test_force_fifo_admits_fifo_every_nth_round(round_index: int, expected: list[int]) -> None:
+    options = PolicyOptions(force_fifo_every=3)
+    policy = ForceFifo(Pack(options), options)
+    waiting = seqs(100, 2, 2)
+    assert ids(policy.admit(waiting, budget(4), ctx(admission_round=round_index))) == expected
+
+
+def test_orderings() -> None:
+    assert PrefillFirst().order(ctx()) == PREFILL_FIRST
+    assert DecodeFirst().order(ctx()) == DECODE_FIRST
