@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from roseinfer.metrics.schema import COLUMNS
 from roseinfer.scheduler import Scheduler
-from roseinfer.sequence import Sequence, SeqStatus
+from roseinfer.sequence import SeqStatus, Sequence
 
 
 def _decode_index(decode_steps: np.ndarray) -> np.ndarray:
@@ -33,7 +34,7 @@ def records_frame(scheduler: Scheduler) -> pd.DataFrame:
     step_end_s = np.asarray(scheduler.step_end_s, dtype=np.float64)
     decode_steps = np.cumsum(np.asarray(scheduler.step_is_decode, dtype=np.int64))
     decode_idx = _decode_index(decode_steps)
-    rows: dict[str, list] = {name: [] for name in _COLUMNS}
+    rows: dict[str, list] = {name: [] for name in COLUMNS}
     for seq in scheduler.seqs:
         times = _times(seq, step_end_s, decode_steps, decode_idx)
         assert len(times) == seq.num_output_tokens, f"{seq}: {len(times)} token times"
@@ -69,20 +70,3 @@ def _times(
     if not parts:
         return np.empty(0)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-_COLUMNS = (
-    "request_id",
-    "tenant",
-    "status",
-    "reject_reason",
-    "arrival_s",
-    "admitted_s",
-    "first_token_s",
-    "finish_s",
-    "num_prompt_tokens",
-    "num_output_tokens",
-    "num_cached_prompt_tokens",
-    "num_preemptions",
-    "token_times_s",
-)

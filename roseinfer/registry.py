@@ -91,7 +91,9 @@ class Registry:
             for name, entry in sorted(table.items()):
                 option = getattr(entry.cls, "option", "")
                 extra = f" [--{option.replace('_', '-')}]" if option else ""
-                lines.append(f"  {name:<16} {entry.cls.description}{extra}  (plugin: {entry.plugin})")
+                lines.append(
+                    f"  {name:<16} {entry.cls.description}{extra}  (plugin: {entry.plugin})"
+                )
         return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ from roseinfer.block_manager import BlockManager
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import AdmissionPolicy, Budget, Phase, PolicyContext, PolicyError
 from roseinfer.request import Request
-from roseinfer.sequence import Sequence, SeqStatus
+from roseinfer.sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,8 +120,6 @@ def test_abort_frees_blocks_and_ends_once(registry) -> None:
     assert df.reject_reason.tolist() == ["aborted", "aborted"]
 
 
-
-
 def _with_policy(registry, admit) -> Scheduler:
     cls = type(
         "Custom", (AdmissionPolicy,), {"name": "custom", "admit": admit, "uses_token_budget": True}

@@ -1,0 +1,1 @@
+"""roseinfer.executor."""

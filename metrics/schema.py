@@ -1,0 +1,75 @@
+"""The per-request records schema that both backends produce.
+
+One row per submitted request, finished or rejected. Times are seconds from
+the start of the run (simulated clock in ``rose-sim``, wall clock in
+``rose-run``); the summary turns them into milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pandas as pd
+
+
+class Column(NamedTuple):
+    """One column of the records DataFrame."""
+
+    name: str
+    dtype: str  # the pandas/numpy kind the column holds
+    doc: str
+
+
+SCHEMA: tuple[Column, ...] = (
+    Column("request_id", "str", "unique id of the request"),
+    Column("tenant", "str | None", "client the request belongs to (None: no tenant)"),
+    Column("status", "str", '"finished" or "rejected"'),
+    Column("reject_reason", "str", 'why it was rejected ("" when finished)'),
+    Column("arrival_s", "float64", "arrival time (s from run start)"),
+    Column(
+        "admitted_s",
+        "float64",
+        "start of the first step that prefilled it (s; NaN if rejected)",
+    ),
+    Column("first_token_s", "float64", "time of the first output token (s; NaN if rejected)"),
+    Column("finish_s", "float64", "time the request finished (s; NaN if rejected)"),
+    Column("num_prompt_tokens", "int64", "prompt length (tokens)"),
+    Column("num_output_tokens", "int64", "output tokens generated"),
+    Column(
+        "num_cached_prompt_tokens",
+        "int64",
+        "prompt tokens served from the prefix cache on first admission",
+    ),
+    Column("num_preemptions", "int64", "times the request was preempted (recompute)"),
+    Column(
+        "token_times_s",
+        "object",
+        "1-D float64 array: time (s) of every output token, length num_output_tokens "
+        "(empty for rejected)",
+    ),
+)
+
+COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
+STATUSES: tuple[str, ...] = ("finished", "rejected")
+
+
+def validate_records(df: pd.DataFrame) -> None:
+    """Check that ``df`` has every schema column and only known statuses.
+
+    Extra columns are allowed. Dtypes are not checked (cheap check only).
+
+    Raises:
+        ValueError: naming the missing columns, or the unknown status values.
+    """
+    missing = [name for name in COLUMNS if name not in df.columns]
+    if missing:
+        raise ValueError(
+            f"records are missing column(s) {missing}; the schema is {list(COLUMNS)} "
+            "(roseinfer.metrics.schema)"
+        )
+    unknown = set(df["status"].unique()) - set(STATUSES)
+    if unknown:
+        raise ValueError(
+            f"records have unknown status value(s) {sorted(map(str, unknown))}; "
+            f"expected one of {list(STATUSES)}"
+        )

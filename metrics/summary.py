@@ -1,0 +1,354 @@
+"""Serving-benchmark summary of a records DataFrame.
+
+Definitions follow vLLM's ``benchmarks/benchmark_serving.py``
+(``calculate_metrics``), with times measured from the request's arrival:
+
+- TTFT (time to first token) = ``first_token_s - arrival_s``.
+- TPOT (time per output token, excluding the first) =
+  ``(finish_s - first_token_s) / (num_output_tokens - 1)``, only for requests
+  with more than one output token.
+- ITL (inter-token latency) = every gap between consecutive output tokens of
+  one request, pooled over all requests (a gap never spans two requests).
+- E2EL (end-to-end latency) = ``finish_s - arrival_s``.
+- queue time = ``admitted_s - arrival_s`` (not in vLLM bench; the scheduler's
+  own waiting time).
+
+Latencies use finished requests only; rejected ones are counted in
+``rejected``. Records hold seconds; summary latencies are milliseconds
+(``*_ms``), durations seconds, throughputs per second. Percentiles use numpy's
+default linear interpolation, std is the population std (``ddof=0``), as vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .schema import validate_records
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
+SLO_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")  # vLLM's --goodput names
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+_MS_PER_S = 1000.0
+
+Summary = dict[str, float | int]
+
+
+# ------------------------------------------------------------ per-request values
+def _finished(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"].to_numpy() == "finished"]
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    return df[name].to_numpy(dtype=np.float64)
+
+
+def _ttft_s(done: pd.DataFrame) -> np.ndarray:
+    return _col(done, "first_token_s") - _col(done, "arrival_s")
+
+
+def _e2el_s(done: pd.DataFrame) -> np.ndarray:
+    return _col(done, "finish_s") - _col(done, "arrival_s")
+
+
+def _queue_s(done: pd.DataFrame) -> np.ndarray:
+    return _col(done, "admitted_s") - _col(done, "arrival_s")
+
+
+def _tpot_or_zero_s(done: pd.DataFrame) -> np.ndarray:
+    """TPOT per request, 0 where it has at most one output token (vLLM's goodput rule)."""
+    num_out = _col(done, "num_output_tokens")
+    decode_s = _col(done, "finish_s") - _col(done, "first_token_s")
+    return np.where(num_out > 1, decode_s / np.maximum(num_out - 1, 1), 0.0)
+
+
+def _tpot_s(done: pd.DataFrame) -> np.ndarray:
+    """TPOT of the requests with more than one output token."""
+    return _tpot_or_zero_s(done)[_col(done, "num_output_tokens") > 1]
+
+
+def _itl_s(done: pd.DataFrame) -> np.ndarray:
+    """All gaps between consecutive tokens of the same request (s), pooled.
+
+    Vectorized: one concatenate and one diff over every token time, then the
+    gaps that span the end of one request and the start of the next are dropped.
+    """
+    arrays = list(done["token_times_s"])
+    if not arrays:
+        return np.empty(0)
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays, dtype=np.float64)
+    gaps = np.diff(flat)
+    starts = np.cumsum(lengths)[:-1]  # flat index where each later request begins
+    crossing = starts[(starts > 0) & (starts < flat.size)] - 1
+    keep = np.ones(gaps.size, dtype=bool)
+    keep[crossing] = False
+    return gaps[keep]
+
+
+_VALUES_S: dict[str, Callable[[pd.DataFrame], np.ndarray]] = {
+    "ttft": _ttft_s,
+    "tpot": _tpot_s,
+    "itl": _itl_s,
+    "e2el": _e2el_s,
+    "queue": _queue_s,
+}
+
+
+def latency_values_ms(df: pd.DataFrame, metric: str) -> np.ndarray:
+    """The values (ms) a latency metric is summarized over, finished requests only.
+
+    Args:
+        df: records (``roseinfer.metrics.schema``).
+        metric: one of ``LATENCY_METRICS``; ``"itl"`` gives one value per token
+            gap, ``"tpot"`` one per request with more than one output token,
+            the others one per finished request.
+
+    Raises:
+        ValueError: on an unknown metric (the message lists the known ones) or
+            missing columns.
+    """
+    validate_records(df)
+    if metric not in _VALUES_S:
+        raise ValueError(f"unknown latency metric {metric!r}; known: {', '.join(LATENCY_METRICS)}")
+    return _VALUES_S[metric](_finished(df)) * _MS_PER_S
+
+
+# -------------------------------------------------------------------- summary
+def summarize(
+    df: pd.DataFrame,
+    *,
+    duration_s: float | None = None,
+    goodput: Mapping[str, float] | None = None,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> Summary:
+    """Flat vLLM-bench summary of one run's records.
+
+    Args:
+        df: records, one row per submitted request (``roseinfer.metrics.schema``).
+        duration_s: run length (s) the throughputs divide by; default: last
+            finish minus first arrival.
+        goodput: SLOs in ms, e.g. ``{"ttft": 200.0, "tpot": 50.0}`` (see
+            ``parse_goodput``); adds ``request_goodput``, finished requests per
+            second that meet every SLO (TPOT counts as 0 with one output token).
+        percentiles: which ``p{N}_*_ms`` keys to add (0..100).
+
+    Returns:
+        ``duration`` (s), ``completed``, ``num_requests``, ``rejected``,
+        ``total_input_tokens``, ``total_output_tokens`` (finished requests),
+        ``request_throughput`` (req/s), ``output_throughput`` and
+        ``total_token_throughput`` (tok/s), ``preemptions``,
+        ``prefix_cache_hit_rate`` (fraction of finished prompt tokens), optional
+        ``request_goodput`` (req/s), then ``mean_/median_/std_/p{N}_`` +
+        ``{ttft,tpot,itl,e2el,queue}_ms``. No finished requests gives NaN
+        latencies, never an exception.
+
+    Raises:
+        ValueError: on missing columns, bad SLOs or percentiles out of [0, 100].
+    """
+    validate_records(df)
+    _check_percentiles(percentiles)
+    done = _finished(df)
+    duration = _duration_s(df, done) if duration_s is None else float(duration_s)
+    out = _counts(df, done, duration)
+    if goodput is not None:
+        out["request_goodput"] = _per_s(_num_good(done, _check_slos(goodput)), duration)
+    for metric in LATENCY_METRICS:
+        out.update(_stats_ms(metric, _VALUES_S[metric](done) * _MS_PER_S, percentiles))
+    return out
+
+
+def _duration_s(df: pd.DataFrame, done: pd.DataFrame) -> float:
+    if done.empty:
+        return math.nan
+    return float(np.nanmax(_col(done, "finish_s")) - np.nanmin(_col(df, "arrival_s")))
+
+
+def _per_s(count: float, duration_s: float) -> float:
+    return count / duration_s if duration_s > 0 and math.isfinite(duration_s) else math.nan
+
+
+def _counts(df: pd.DataFrame, done: pd.DataFrame, duration_s: float) -> Summary:
+    num_in = int(done["num_prompt_tokens"].sum())
+    num_out = int(done["num_output_tokens"].sum())
+    num_cached = int(done["num_cached_prompt_tokens"].sum())
+    return {
+        "duration": duration_s,
+        "completed": len(done),
+        "num_requests": len(df),
+        "rejected": int((df["status"].to_numpy() == "rejected").sum()),
+        "total_input_tokens": num_in,
+        "total_output_tokens": num_out,
+        "request_throughput": _per_s(len(done), duration_s),
+        "output_throughput": _per_s(num_out, duration_s),
+        "total_token_throughput": _per_s(num_in + num_out, duration_s),
+        "preemptions": int(df["num_preemptions"].sum()),
+        "prefix_cache_hit_rate": num_cached / num_in if num_in else math.nan,
+    }
+
+
+def _percentile_word(p: float) -> str:
+    """``99`` -> ``"99"``, ``99.9`` -> ``"99.9"`` (vLLM's key spelling)."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _check_percentiles(percentiles: Sequence[float]) -> None:
+    bad = [p for p in percentiles if not 0 <= p <= 100]
+    if bad:
+        raise ValueError(f"percentiles must lie in [0, 100], got {bad}")
+
+
+def _stats_ms(metric: str, values_ms: np.ndarray, percentiles: Sequence[float]) -> Summary:
+    """mean/median/std/p{N} of ``values_ms`` (NaNs dropped; all NaN if none left)."""
+    values = values_ms[~np.isnan(values_ms)]
+    keys = [f"p{_percentile_word(p)}_{metric}_ms" for p in percentiles]
+    if values.size == 0:
+        nan_keys = [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", *keys]
+        return dict.fromkeys(nan_keys, math.nan)
+    # One percentile call: it partitions once for all quantiles (fast on 4M ITLs).
+    median, *quantiles = np.percentile(values, [50, *percentiles])
+    out: Summary = {
+        f"mean_{metric}_ms": float(values.mean()),
+        f"median_{metric}_ms": float(median),
+        f"std_{metric}_ms": float(values.std()),
+    }
+    out.update(zip(keys, map(float, quantiles)))
+    return out
+
+
+# -------------------------------------------------------------------- goodput
+def parse_goodput(specs: str | Iterable[str]) -> dict[str, float]:
+    """Parse goodput SLOs from ``"METRIC:MS"`` pairs (vLLM's ``--goodput``).
+
+    Args:
+        specs: e.g. ``["ttft:200", "tpot:50"]`` or ``"ttft:200 tpot:50"``;
+            names are ``ttft``, ``tpot``, ``e2el``; values are milliseconds.
+
+    Returns:
+        ``{"ttft": 200.0, "tpot": 50.0}`` (ms).
+
+    Raises:
+        ValueError: on no pairs, a pair without ``:``, a value that is not a
+            number, a negative or NaN value, a repeated or unknown name.
+    """
+    pairs = [specs] if isinstance(specs, str) else list(specs)
+    tokens = [token for pair in pairs for token in pair.split()]
+    if not tokens:
+        raise ValueError("no goodput SLOs given; expected METRIC:MS pairs like 'ttft:200 tpot:50'")
+    slos: dict[str, float] = {}
+    for token in tokens:
+        name, value_ms = _parse_slo(token)
+        if name in slos:
+            raise ValueError(f"goodput SLO {name!r} given twice")
+        slos[name] = value_ms
+    return _check_slos(slos)
+
+
+def _parse_slo(token: str) -> tuple[str, float]:
+    name, sep, value = token.partition(":")
+    if not sep or not name:
+        raise ValueError(
+            f"bad goodput SLO {token!r}: expected METRIC:MS, e.g. 'ttft:200' "
+            f"(METRIC one of {', '.join(SLO_METRICS)}, MS in milliseconds)"
+        )
+    try:
+        return name.strip().lower(), float(value)
+    except ValueError:
+        raise ValueError(
+            f"bad goodput SLO {token!r}: {value!r} is not a number of milliseconds"
+        ) from None
+
+
+def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
+    """Return ``slos`` as a plain dict after checking names and values (ms)."""
+    for name, value_ms in slos.items():
+        if name not in SLO_METRICS:
+            raise ValueError(f"unknown goodput metric {name!r}; known: {', '.join(SLO_METRICS)}")
+        if not value_ms >= 0:  # also rejects NaN
+            raise ValueError(f"goodput SLO {name}:{value_ms} must be a non-negative number of ms")
+    return {name: float(v) for name, v in slos.items()}
+
+
+def _num_good(done: pd.DataFrame, slos_ms: Mapping[str, float]) -> int:
+    """Finished requests that meet every SLO (vLLM: value <= SLO)."""
+    values_s = {"ttft": _ttft_s, "tpot": _tpot_or_zero_s, "e2el": _e2el_s}
+    good = np.ones(len(done), dtype=bool)
+    for name, slo_ms in slos_ms.items():
+        good &= values_s[name](done) * _MS_PER_S <= slo_ms
+    return int(good.sum())
+
+
+# ---------------------------------------------------------------- text table
+_WIDTH = 50
+
+# (label, summary key, format spec, scale) for the headline block.
+_HEADLINE: tuple[tuple[str, str, str, float], ...] = (
+    ("Successful requests:", "completed", "", 1.0),
+    ("Rejected requests:", "rejected", "", 1.0),
+    ("Benchmark duration (s):", "duration", ".2f", 1.0),
+    ("Total input tokens:", "total_input_tokens", "", 1.0),
+    ("Total generated tokens:", "total_output_tokens", "", 1.0),
+    ("Request throughput (req/s):", "request_throughput", ".2f", 1.0),
+    ("Request goodput (req/s):", "request_goodput", ".2f", 1.0),
+    ("Output token throughput (tok/s):", "output_throughput", ".2f", 1.0),
+    ("Total Token throughput (tok/s):", "total_token_throughput", ".2f", 1.0),
+    ("Preemptions:", "preemptions", "", 1.0),
+    ("Prefix cache hit rate (%):", "prefix_cache_hit_rate", ".2f", 100.0),
+)
+
+# (metric, short name, section header) for the latency blocks.
+_SECTIONS: tuple[tuple[str, str, str], ...] = (
+    ("ttft", "TTFT", "Time to First Token"),
+    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+    ("itl", "ITL", "Inter-token Latency"),
+    ("e2el", "E2EL", "End-to-end Latency"),
+    ("queue", "Queue", "Queue Time (admitted - arrival)"),
+)
+
+
+def format_summary(
+    summary: Mapping[str, float | int], title: str = "Serving Benchmark Result"
+) -> str:
+    """A vLLM-bench-style text table of a ``summarize`` result.
+
+    Lines whose key is absent are left out (e.g. goodput without SLOs); the
+    latency blocks show Mean, Median and every ``p{N}`` key present, in ms.
+    """
+    banner = f" {title} "
+    lines = [f"{banner:=^{max(_WIDTH, len(banner) + 4)}}"]  # long titles keep some '='
+    for label, key, spec, scale in _HEADLINE:
+        if key in summary:
+            value = summary[key] * scale if scale != 1.0 else summary[key]
+            lines.append(f"{label:<40} {value:<10{spec}}")
+    for metric, name, header in _SECTIONS:
+        lines += _section_lines(summary, metric, name, header)
+    lines.append("=" * _WIDTH)
+    return "\n".join(lines)
+
+
+def _section_lines(
+    summary: Mapping[str, float | int], metric: str, name: str, header: str
+) -> list[str]:
+    suffix = f"_{metric}_ms"
+    rows = [(f"Mean {name} (ms):", f"mean{suffix}"), (f"Median {name} (ms):", f"median{suffix}")]
+    rows += [
+        (f"P{key[1 : -len(suffix)]} {name} (ms):", key) for key in summary if _is_pkey(key, suffix)
+    ]
+    rows = [(label, key) for label, key in rows if key in summary]
+    if not rows:
+        return []
+    return [f"{header:-^{_WIDTH}}"] + [f"{label:<40} {summary[key]:<10.2f}" for label, key in rows]
+
+
+def _is_pkey(key: str, suffix: str) -> bool:
+    """``p99_ttft_ms`` is a percentile key for suffix ``_ttft_ms``."""
+    if not (key.startswith("p") and key.endswith(suffix)):
+        return False
+    try:
+        float(key[1 : -len(suffix)])
+    except ValueError:
+        return False
+    return True

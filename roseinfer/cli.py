@@ -1,0 +1,394 @@
+"""Command-line options shared by ``rose-sim`` and ``rose-run``.
+
+Both front ends take the same workload, policy, scheduler and output flags
+(vLLM's names where the concept is the same; the seeds' names where it
+differs), so a policy tried in the simulator runs for real by changing the
+command name. Bad input ends with one ``error:`` line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from roseinfer import workloads
+from roseinfer.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, SchedulerConfig
+from roseinfer.interface import PolicyError, PolicyOptions
+from roseinfer.metrics import format_summary, parse_goodput, summarize
+from roseinfer.registry import Registry, UnknownPolicyError, load_registry
+from roseinfer.request import Request
+
+WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_EXPERIMENTS))
+
+
+class CliError(ValueError):
+    """A bad flag or flag combination (message names it and the fix)."""
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """Add the workload, policy, scheduler and output flags to ``parser``."""
+    _add_workload_args(parser.add_argument_group("workload"))
+    _add_policy_args(parser.add_argument_group("policy"))
+    _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
+    _add_output_args(parser.add_argument_group("output"))
+
+
+def _add_workload_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--trace", type=Path, help="trace file (Azure CSV, Mooncake JSONL, plain CSV/JSONL)"
+    )
+    g.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "azure", "mooncake", "plain"],
+        help="trace format (default: detected from content)",
+    )
+    g.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        help="built-in workload when no --trace: the embedded Azure conv sample "
+        "(default), a seed experiment, or 'synthetic' (the knobs below)",
+    )
+    g.add_argument("--num-requests", type=int, help="use the first N requests")
+    g.add_argument("--start-s", type=float, help="skip requests arriving before this time (s)")
+    g.add_argument("--end-s", type=float, help="drop requests arriving after this time (s)")
+    g.add_argument(
+        "--request-rate",
+        type=float,
+        help="re-draw arrivals at this rate (req/s; 'inf' = all at t=0), as vLLM bench; "
+        "default: keep the trace's times",
+    )
+    g.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of inter-arrival gaps with --request-rate (1 = Poisson), as vLLM bench",
+    )
+    g.add_argument("--seed", type=int, default=0, help="random seed (arrivals, made-up tokens)")
+    g.add_argument("--prompt-tokens", type=int, help="synthetic: base prompt length in tokens")
+    g.add_argument(
+        "--prompt-repeats",
+        help="synthetic: comma-separated repeat counts of the base prompt, cycled per "
+        "request (seed 031: '1,1,1,64')",
+    )
+    g.add_argument("--output-tokens", type=int, help="synthetic: output tokens per request")
+    g.add_argument("--submit-interval-ms", type=float, help="synthetic: gap between arrivals (ms)")
+    g.add_argument(
+        "--unique-prompts",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="synthetic: a distinct suffix per prompt (no prefix-cache hits across requests)",
+    )
+
+
+def _add_policy_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--policy", default="fifo", help="admission policy (see --list-policies)")
+    g.add_argument(
+        "--loop-order", default="prefill-first", help="loop ordering (see --list-policies)"
+    )
+    g.add_argument("--lookahead", type=int, help="pack: waiting requests looked at (default 64)")
+    g.add_argument(
+        "--force-fifo-every", type=int, default=0, help="strict FIFO every N-th admission round"
+    )
+    g.add_argument(
+        "--policy-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra knob for a third-party policy (repeatable)",
+    )
+    g.add_argument(
+        "--list-policies", action="store_true", help="list every registered policy and exit"
+    )
+
+
+def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--prefill-max-tokens",
+        type=int,
+        help="prompt tokens admitted per iteration (the seeds' token budget; budget/pack)",
+    )
+    g.add_argument(
+        "--prefill-max-seqs",
+        type=int,
+        help="requests admitted per iteration (default: --max-num-seqs)",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=DEFAULT_MAX_NUM_SEQS,
+        help=f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
+    )
+    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    g.add_argument("--num-kv-blocks", type=int, help="KV blocks in the pool (default: from memory)")
+    g.add_argument(
+        "--kv-cache-memory-gb",
+        type=float,
+        help="KV pool size in GiB (alternative to --num-kv-blocks)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse KV blocks by hashes of full prompt blocks (default on)",
+    )
+    g.add_argument("--max-model-len", type=int, help="longest request in tokens (default: model's)")
+
+
+def _add_output_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--save-result", type=Path, help="write the summary as flat JSON (vLLM bench keys)"
+    )
+    g.add_argument("--save-records", type=Path, help="write per-request records (.csv or .parquet)")
+    g.add_argument(
+        "--goodput",
+        nargs="+",
+        metavar="METRIC:MS",
+        help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000",
+    )
+    g.add_argument("--quiet", action="store_true", help="print no summary table")
+
+
+# ----------------------------------------------------------------- workload
+def build_workload(args: argparse.Namespace) -> tuple[list[Request], str]:
+    """The requests the flags describe, and a one-line description.
+
+    Raises:
+        CliError: on contradictory or invalid workload flags.
+        workloads.WorkloadError: on a bad trace file.
+    """
+    _check_workload_flags(args)
+    if args.trace is not None:
+        reqs = workloads.load_trace(args.trace, args.trace_format)
+        name = str(args.trace)
+    elif args.workload in (None, "azure-conv-sample"):
+        reqs, name = workloads.load_default_trace(), workloads.DEFAULT_TRACE_NAME
+    else:
+        reqs, name = _synthetic(args), args.workload
+    reqs = workloads.select(
+        reqs, num_requests=args.num_requests, start_s=args.start_s, end_s=args.end_s
+    )
+    if args.request_rate is not None:
+        reqs = workloads.rescale_arrivals(
+            reqs, request_rate=args.request_rate, burstiness=args.burstiness, seed=args.seed
+        )
+        name += f" @ {args.request_rate} req/s (burstiness {args.burstiness})"
+    if not reqs:
+        raise CliError("the workload selection is empty; check --num-requests/--start-s/--end-s")
+    return reqs, name
+
+
+def _synthetic(args: argparse.Namespace) -> list[Request]:
+    overrides: dict[str, Any] = {}
+    if args.prompt_tokens is not None:
+        overrides["prompt_tokens"] = args.prompt_tokens
+    if args.prompt_repeats is not None:
+        overrides["prompt_repeats"] = _parse_repeats(args.prompt_repeats)
+    if args.output_tokens is not None:
+        overrides["output_tokens"] = args.output_tokens
+    if args.submit_interval_ms is not None:
+        overrides["submit_interval_s"] = args.submit_interval_ms / 1e3
+    if args.unique_prompts is not None:
+        overrides["unique_prompts"] = args.unique_prompts
+    if args.num_requests is not None:
+        overrides["num_requests"] = args.num_requests
+    overrides["seed"] = args.seed
+    if args.workload == "synthetic":
+        return workloads.synthetic(**{"num_requests": 32, "output_tokens": 32, **overrides})
+    return workloads.seed_workload(args.workload.removeprefix("seed-"), **overrides)
+
+
+def _parse_repeats(text: str) -> list[int]:
+    try:
+        repeats = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--prompt-repeats must be comma-separated integers, got {text!r}") from None
+    if not repeats or min(repeats) <= 0:
+        raise CliError(f"--prompt-repeats needs positive integers, got {text!r}")
+    return repeats
+
+
+def _check_workload_flags(args: argparse.Namespace) -> None:
+    if args.trace is not None and args.workload is not None:
+        raise CliError("give either --trace or --workload, not both")
+    synthetic_flags = ("prompt_tokens", "prompt_repeats", "output_tokens", "submit_interval_ms")
+    is_synthetic = args.workload not in (None, "azure-conv-sample")
+    for flag in synthetic_flags:
+        if getattr(args, flag) is not None and not is_synthetic:
+            raise CliError(
+                f"--{flag.replace('_', '-')} shapes a synthetic workload; add "
+                "--workload synthetic (or a seed-* workload), or drop it"
+            )
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise CliError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
+    if args.burstiness <= 0:
+        raise CliError(f"--burstiness must be > 0, got {args.burstiness}")
+    if args.num_requests is not None and args.num_requests <= 0:
+        raise CliError(f"--num-requests must be > 0, got {args.num_requests}")
+    if args.start_s is not None and args.end_s is not None and args.start_s >= args.end_s:
+        raise CliError(f"--start-s {args.start_s} must be before --end-s {args.end_s}")
+
+
+# -------------------------------------------------------------- scheduler
+def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOptions:
+    """Policy knobs from the flags, rejecting knobs the chosen policy ignores.
+
+    Raises:
+        CliError: e.g. ``--lookahead`` with a policy that has no lookahead.
+        UnknownPolicyError: listing the known policies.
+    """
+    policy_cls = registry.policy(args.policy)
+    registry.loop_order(args.loop_order)
+    if args.lookahead is not None and not policy_cls.uses_lookahead:
+        users = [n for n, e in sorted(registry.policies.items()) if e.cls.uses_lookahead]
+        raise CliError(
+            f"--lookahead is read only by: {', '.join(users)}; policy {args.policy!r} ignores it"
+        )
+    if args.prefill_max_tokens is not None and not policy_cls.uses_token_budget:
+        users = [n for n, e in sorted(registry.policies.items()) if e.cls.uses_token_budget]
+        raise CliError(
+            f"policy {args.policy!r} ignores --prefill-max-tokens; policies with a token "
+            f"budget: {', '.join(users)}"
+        )
+    extra = {}
+    for item in args.policy_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--policy-arg takes KEY=VALUE, got {item!r}")
+        extra[key] = value
+    return PolicyOptions(
+        lookahead=args.lookahead if args.lookahead is not None else 64,
+        force_fifo_every=args.force_fifo_every,
+        extra=extra,
+    )
+
+
+def scheduler_config(
+    args: argparse.Namespace,
+    registry: Registry,
+    *,
+    num_kv_blocks: int,
+    max_model_len: int,
+) -> SchedulerConfig:
+    """The scheduler config from the flags; the backend supplies the defaults
+    it derives from memory and the model (``num_kv_blocks``, ``max_model_len``).
+
+    Raises:
+        CliError: on a non-positive or contradictory value.
+    """
+    if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
+        raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
+    if args.force_fifo_every < 0:
+        raise CliError(f"--force-fifo-every must be >= 0 (0 disables), got {args.force_fifo_every}")
+    options = policy_options(args, registry)
+    try:
+        return SchedulerConfig(
+            num_kv_blocks=args.num_kv_blocks or num_kv_blocks,
+            block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs,
+            prefill_max_seqs=args.prefill_max_seqs,
+            prefill_max_tokens=args.prefill_max_tokens,
+            max_model_len=args.max_model_len or max_model_len,
+            enable_prefix_caching=args.enable_prefix_caching,
+            policy=args.policy,
+            loop_order=args.loop_order,
+            options=options,
+        )
+    except ValueError as err:
+        raise CliError(str(err)) from None
+
+
+def kv_blocks_from_bytes(num_bytes: float, kv_bytes_per_token: int, block_size: int) -> int:
+    """KV blocks that ``num_bytes`` of memory hold."""
+    return max(1, int(num_bytes // (kv_bytes_per_token * block_size)))
+
+
+# ---------------------------------------------------------------- outputs
+def report(
+    args: argparse.Namespace,
+    records: pd.DataFrame,
+    *,
+    duration_s: float,
+    title: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """Summarize, print the table (unless ``--quiet``) and write the files asked for.
+
+    Returns:
+        The flat result dict (what ``--save-result`` writes).
+    """
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    summary = summarize(records, duration_s=duration_s, goodput=goodput)
+    result: dict[str, Any] = {**summary, **extra}
+    if not args.quiet:
+        print(format_summary(summary, title))
+    if args.save_result is not None:
+        _write_json(args.save_result, result)
+    if args.save_records is not None:
+        save_records(records, args.save_records)
+    return result
+
+
+def _write_json(path: Path, result: dict[str, Any]) -> None:
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(clean, indent=2, default=str) + "\n")
+
+
+def save_records(records: pd.DataFrame, path: Path) -> None:
+    """Write records as CSV (token times space-separated) or Parquet by extension.
+
+    Raises:
+        CliError: on another extension.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        frame = records.copy()
+        frame["token_times_s"] = [list(map(float, t)) for t in frame["token_times_s"]]
+        frame.to_parquet(path, index=False)
+    elif suffix == ".csv":
+        frame = records.copy()
+        frame["token_times_s"] = [" ".join(f"{x:.6f}" for x in t) for t in frame["token_times_s"]]
+        frame.to_csv(path, index=False)
+    else:
+        raise CliError(f"--save-records needs a .csv or .parquet file name, got {path.name!r}")
+
+
+# ----------------------------------------------------------------- errors
+@contextmanager
+def friendly_errors(prog: str) -> Iterator[None]:
+    """Turn expected errors into one ``prog: error: ...`` line and exit code 2."""
+    try:
+        yield
+    except (CliError, UnknownPolicyError, PolicyError, workloads.WorkloadError) as err:
+        _die(prog, str(err))
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        _die(prog, str(err))
+    except KeyboardInterrupt:
+        _die(prog, "interrupted")
+
+
+def _die(prog: str, message: str) -> None:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_main(prog: str, parser: argparse.ArgumentParser, body: Callable[..., Any]) -> int:
+    """Parse flags, handle ``--list-policies``, run ``body(args, registry)``."""
+    args = parser.parse_args()
+    with friendly_errors(prog):
+        registry = load_registry()
+        if args.list_policies:
+            print(registry.describe())
+            return 0
+        body(args, registry)
+    return 0

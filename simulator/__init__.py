@@ -1,0 +1,20 @@
+"""roseinfer.simulator: the discrete-event backend (``rose-sim``).
+
+The shared scheduler with a cost-model clock: ``simulate(requests, config,
+cost_model)`` returns per-request records in the same schema the executor
+produces. Cost models: the analytical roofline (``make_cost_model``) with
+built-in model and device specs. No torch here.
+"""
+
+from roseinfer.simulator.cost_model import BatchShape, CostModel, RooflineCostModel, make_cost_model
+from roseinfer.simulator.engine import SimResult, Simulator, simulate
+
+__all__ = [
+    "BatchShape",
+    "CostModel",
+    "RooflineCostModel",
+    "SimResult",
+    "Simulator",
+    "make_cost_model",
+    "simulate",
+]

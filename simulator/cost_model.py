@@ -1,0 +1,328 @@
+"""Cost models: one engine iteration's batch shape -> seconds.
+
+The simulator asks a :class:`CostModel` how long each iteration takes. The
+embedded default is :class:`RooflineCostModel`, an analytical roofline built
+from a :class:`~roseinfer.simulator.specs.ModelSpec` and a
+:class:`~roseinfer.simulator.specs.DeviceSpec`: an iteration is one forward
+pass that is either compute-bound (FLOPs / achievable FLOP/s) or memory-bound
+(bytes / achievable bandwidth), plus a fixed per-iteration overhead. A
+profiled cost model (fitted from executor measurements) implements the same
+:class:`CostModel` protocol.
+
+No torch here: the simulator runs without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from roseinfer.simulator.specs import DeviceSpec, ModelSpec, get_device_spec, get_model_spec
+
+__all__ = [
+    "BatchShape",
+    "CostModel",
+    "RooflineCostModel",
+    "loop_decode_run_times_s",
+    "make_cost_model",
+]
+
+
+_Num = float | np.ndarray  # a scalar or a float64 array: the same arithmetic on both
+
+
+def _empty_tokens() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _as_tokens(values: object, what: str) -> np.ndarray:
+    """A 1-D int64 view of ``values`` (no copy when it already is one)."""
+    tokens = np.asarray(values, dtype=np.int64)
+    if tokens.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tokens.shape}")
+    return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What one iteration computes, as the cost model sees it.
+
+    All arrays are 1-D int64 token counts; any may be empty.
+
+    Attributes:
+        prefill_new_tokens: per prefilling sequence, tokens computed this
+            step (a whole prompt, or one chunk of it); each >= 1.
+        prefill_context_tokens: per prefilling sequence, the context length
+            after this step (prefix-cached or earlier chunks + new); each >=
+            the matching ``prefill_new_tokens``.
+        decode_context_tokens: per decoding sequence, the context length
+            including the token decoded this step; each >= 1.
+
+    Raises:
+        ValueError: on a wrong shape, a length mismatch or a count out of range.
+    """
+
+    prefill_new_tokens: np.ndarray = field(default_factory=_empty_tokens)
+    prefill_context_tokens: np.ndarray = field(default_factory=_empty_tokens)
+    decode_context_tokens: np.ndarray = field(default_factory=_empty_tokens)
+
+    def __post_init__(self) -> None:
+        new = _as_tokens(self.prefill_new_tokens, "prefill_new_tokens")
+        context = _as_tokens(self.prefill_context_tokens, "prefill_context_tokens")
+        decode = _as_tokens(self.decode_context_tokens, "decode_context_tokens")
+        object.__setattr__(self, "prefill_new_tokens", new)
+        object.__setattr__(self, "prefill_context_tokens", context)
+        object.__setattr__(self, "decode_context_tokens", decode)
+        if len(new) != len(context):
+            raise ValueError(
+                f"{len(new)} prefill_new_tokens but {len(context)} prefill_context_tokens"
+            )
+        if new.size and (new.min() < 1 or (context < new).any()):
+            raise ValueError("prefill needs 1 <= new tokens <= context tokens per sequence")
+        if decode.size and decode.min() < 1:
+            raise ValueError("decode_context_tokens must be >= 1")
+
+    @classmethod
+    def decode(cls, context_tokens: object) -> BatchShape:
+        """A pure-decode step over sequences with these context lengths."""
+        return cls(decode_context_tokens=_as_tokens(context_tokens, "context_tokens"))
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences in the step (prefilling + decoding)."""
+        return len(self.prefill_new_tokens) + len(self.decode_context_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed this step: new prefill tokens + one per decode."""
+        return int(self.prefill_new_tokens.sum()) + len(self.decode_context_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is computed."""
+        return self.num_seqs == 0
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Maps an iteration's batch shape to seconds. Implementations are immutable.
+
+    Attributes:
+        name: short identifier of the model kind (``"roofline"``, ``"profiled"``).
+    """
+
+    name: str
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds one iteration with this batch takes; 0.0 for an empty batch."""
+        ...
+
+    def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Seconds of each of ``num_steps`` consecutive pure-decode iterations.
+
+        Step ``j`` (0-based) decodes the same sequences with contexts
+        ``context_tokens + j``. Must equal :func:`loop_decode_run_times_s`
+        but in O(num_steps) vectorized numpy: the simulator uses it to jump
+        over long decode runs. Returns a float64 array of length ``num_steps``.
+        """
+        ...
+
+    def describe(self) -> str:
+        """One line naming the model and its parameters, for run reports."""
+        ...
+
+
+def loop_decode_run_times_s(
+    cost_model: CostModel, context_tokens: np.ndarray, num_steps: int
+) -> np.ndarray:
+    """The reference meaning of ``decode_run_times_s``: one ``step_time_s`` per step.
+
+    Slow (a Python loop); for tests and as a fallback for cost models that
+    cannot vectorize.
+    """
+    context = _as_tokens(context_tokens, "context_tokens")
+    times = [cost_model.step_time_s(BatchShape.decode(context + j)) for j in range(num_steps)]
+    return np.asarray(times, dtype=np.float64)
+
+
+class RooflineCostModel:
+    """Analytical roofline: ``max(FLOPs / achievable FLOP/s, bytes / achievable B/s) + overhead``.
+
+    One iteration is one forward pass over all its tokens; prefill and decode
+    in the same batch add up in both FLOPs and bytes.
+
+    FLOPs (per device, divided by ``tensor_parallel``):
+      * linear layers: ``2 * non-embedding params`` per computed token (one
+        multiply-add per weight; Kaplan et al. 2020, "Scaling Laws", sec. 2.1);
+      * LM head: ``2 * vocab * hidden`` per sequence, since only each
+        sequence's last position is sampled (vLLM computes logits only there);
+      * attention: ``4 * layers * heads * head_dim`` per (query, key) pair,
+        QK^T and AV at 2 FLOPs per multiply-add each. A prefill of ``n`` new
+        tokens on a context of ``c`` is causal, so query ``i`` sees
+        ``c - n + i + 1`` keys: ``n * c - n * (n - 1) / 2`` pairs. A decode is
+        the ``n = 1`` case: ``c`` pairs.
+
+    Bytes (per device):
+      * weights, read once per iteration: blocks + LM head
+        (:attr:`ModelSpec.streamed_weight_bytes`), split by ``tensor_parallel``;
+      * KV cache read: every sequence's whole context once
+        (``context * kv_bytes_per_token``), as paged/flash attention does;
+      * KV written: one entry per new token;
+      * activations are ignored: a few MB per step against GBs of weights
+        (they matter only for very large prefills, which are compute-bound
+        anyway).
+
+    Communication under tensor parallelism (all-reduces) is ignored; KV heads
+    are replicated once ``tensor_parallel`` exceeds them.
+
+    Args:
+        model: the model's shape; its ``dtype_bytes`` sets weight and KV bytes.
+        device: peaks, efficiency factors and per-iteration overhead.
+        tensor_parallel: devices the model is sharded over (>= 1, dividing
+            the attention heads).
+
+    Raises:
+        ValueError: on a bad ``tensor_parallel``.
+    """
+
+    name = "roofline"
+
+    def __init__(self, model: ModelSpec, device: DeviceSpec, tensor_parallel: int = 1) -> None:
+        if tensor_parallel < 1 or model.num_attention_heads % tensor_parallel:
+            raise ValueError(
+                f"tensor_parallel must be >= 1 and divide num_attention_heads "
+                f"({model.num_attention_heads}), got {tensor_parallel}"
+            )
+        self.model = model
+        self.device = device
+        self.tensor_parallel = tensor_parallel
+        kv_shards = min(tensor_parallel, model.num_kv_heads)
+        # Per-device coefficients, as Python floats so scalar and vectorized
+        # paths do the same float64 arithmetic (bit-identical results).
+        q_width = model.num_attention_heads * model.head_dim
+        self._flops_per_token = 2.0 * model.num_nonembedding_params / tensor_parallel
+        self._flops_per_seq = 2.0 * model.num_lm_head_params / tensor_parallel
+        self._flops_per_attn_pair = 4.0 * model.num_layers * q_width / tensor_parallel
+        self._weight_bytes = float(model.streamed_weight_bytes) / tensor_parallel
+        self._kv_bytes_per_token = float(model.kv_bytes_per_token) / kv_shards
+
+    def flops(self, shape: BatchShape) -> float:
+        """Per-device FLOPs of one iteration."""
+        num_tokens, num_seqs, attn_pairs, _ = self._aggregates(shape)
+        return float(self._flops(num_tokens, num_seqs, attn_pairs))
+
+    def memory_bytes(self, shape: BatchShape) -> float:
+        """Per-device bytes moved by one iteration (weights + KV read + KV written)."""
+        num_tokens, _, _, kv_read_tokens = self._aggregates(shape)
+        return float(self._bytes(num_tokens, kv_read_tokens))
+
+    def is_compute_bound(self, shape: BatchShape) -> bool:
+        """True when the FLOPs term dominates the bytes term."""
+        compute_s = self.flops(shape) / self.device.achievable_flops
+        return compute_s >= self.memory_bytes(shape) / self.device.achievable_bandwidth
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds one iteration takes; 0.0 for an empty batch."""
+        if shape.is_empty:
+            return 0.0
+        return float(self._time_s(*self._aggregates(shape)))
+
+    def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Seconds of ``num_steps`` pure-decode steps; step ``j`` sees ``context_tokens + j``.
+
+        Vectorized: O(num_steps) numpy. Equal to :func:`loop_decode_run_times_s`.
+
+        Raises:
+            ValueError: if ``num_steps < 0`` or a context is < 1.
+        """
+        context = BatchShape.decode(context_tokens).decode_context_tokens
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        if context.size == 0:
+            return np.zeros(num_steps, dtype=np.float64)
+        num_seqs = float(len(context))
+        # Every context grows by one per step, so the summed context grows by
+        # num_seqs per step; the sum is exact in int64, as in step_time_s.
+        sum_context = int(context.sum()) + len(context) * np.arange(num_steps, dtype=np.int64)
+        sum_context_f = sum_context.astype(np.float64)
+        return np.asarray(self._time_s(num_seqs, num_seqs, sum_context_f, sum_context_f))
+
+    def describe(self) -> str:
+        """One line: model, dtype, device, parallelism, achievable peaks, overhead."""
+        device = self.device
+        return (
+            f"roofline: {self.model.name} ({self.model.dtype_bytes}-byte weights) on "
+            f"{device.name} x{self.tensor_parallel}; "
+            f"{device.achievable_flops / 1e12:.3g} TFLOP/s (mfu {device.mfu:.2f}), "
+            f"{device.achievable_bandwidth / 1e9:.4g} GB/s "
+            f"(bw eff {device.bandwidth_efficiency:.2f}), "
+            f"overhead {device.overhead_s * 1e3:.2f} ms/step"
+        )
+
+    def __repr__(self) -> str:
+        return f"RooflineCostModel({self.describe()})"
+
+    @staticmethod
+    def _aggregates(shape: BatchShape) -> tuple[float, float, float, float]:
+        """(tokens computed, sequences, attention query-key pairs, KV tokens read)."""
+        new = shape.prefill_new_tokens
+        context = shape.prefill_context_tokens
+        decode = shape.decode_context_tokens
+        prefill_pairs = int((new * context - new * (new - 1) // 2).sum())
+        sum_decode = int(decode.sum())
+        num_tokens = int(new.sum()) + len(decode)
+        kv_read_tokens = int(context.sum()) + sum_decode
+        return (
+            float(num_tokens),
+            float(shape.num_seqs),
+            float(prefill_pairs + sum_decode),
+            float(kv_read_tokens),
+        )
+
+    # The helpers below take Python floats (step_time_s) or float64 arrays
+    # (decode_run_times_s) and do the same arithmetic on both.
+    def _flops(self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num) -> _Num:
+        return (
+            self._flops_per_token * num_tokens
+            + self._flops_per_seq * num_seqs
+            + self._flops_per_attn_pair * attn_pairs
+        )
+
+    def _bytes(self, num_tokens: _Num, kv_read_tokens: _Num) -> _Num:
+        # KV written for every computed token, KV read for every context token.
+        return self._weight_bytes + self._kv_bytes_per_token * (kv_read_tokens + num_tokens)
+
+    def _time_s(
+        self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num, kv_read_tokens: _Num
+    ) -> _Num:
+        compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self.device.achievable_flops
+        memory_s = self._bytes(num_tokens, kv_read_tokens) / self.device.achievable_bandwidth
+        return np.maximum(compute_s, memory_s) + self.device.overhead_s
+
+
+def make_cost_model(
+    model: str | ModelSpec,
+    device: str | DeviceSpec,
+    dtype_bytes: int | None = None,
+    tensor_parallel: int = 1,
+) -> CostModel:
+    """A roofline cost model from built-in names (or specs).
+
+    Args:
+        model: a built-in model name/alias or a :class:`ModelSpec`.
+        device: a built-in device name/alias or a :class:`DeviceSpec`.
+        dtype_bytes: bytes per weight/KV element; ``None`` takes the device's
+            run dtype (2 = bf16 on GPUs, 4 = fp32 on ``cpu``), overriding the
+            model spec's.
+        tensor_parallel: devices the model is sharded over.
+
+    Raises:
+        UnknownSpecError: for an unknown name (lists the known ones).
+    """
+    model_spec = get_model_spec(model) if isinstance(model, str) else model
+    device_spec = get_device_spec(device) if isinstance(device, str) else device
+    dtype_bytes = device_spec.dtype_bytes if dtype_bytes is None else dtype_bytes
+    model_spec = replace(model_spec, dtype_bytes=dtype_bytes)
+    return RooflineCostModel(model_spec, device_spec, tensor_parallel=tensor_parallel)

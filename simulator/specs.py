@@ -1,0 +1,486 @@
+"""Model and device specs: the numbers the analytical cost model is built from.
+
+A :class:`ModelSpec` is the shape of a decoder-only transformer (what a
+transformers ``config.json`` says); a :class:`DeviceSpec` is one accelerator's
+datasheet peaks plus the fractions of them a serving engine reaches in
+practice. Both are frozen and validated on construction.
+
+Built-ins are looked up by lowercase name or alias with :func:`get_model_spec`
+and :func:`get_device_spec`; :func:`model_spec_from_hf_config` reads any GPT-2
+or Llama-family (Llama, Qwen2, Mistral) ``config.json`` dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "DEVICES",
+    "MODELS",
+    "DeviceSpec",
+    "ModelSpec",
+    "UnknownSpecError",
+    "get_device_spec",
+    "get_model_spec",
+    "model_spec_from_hf_config",
+]
+
+GB = 10**9  # datasheets quote decimal gigabytes
+TERA = 10**12
+
+
+class UnknownSpecError(KeyError, ValueError):
+    """A model or device name that is not in the built-in registry.
+
+    A ``KeyError`` (it is a failed lookup) and a ``ValueError`` (CLIs report
+    it as a bad argument). The message lists the known names.
+    """
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would repr() the message, adding quotes.
+        return str(self.args[0]) if self.args else ""
+
+
+def _check_positive(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{type(obj).__name__}.{name} must be > 0, got {getattr(obj, name)}")
+
+
+_MODEL_INT_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_model_len",
+    "dtype_bytes",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """The shape of a decoder-only transformer.
+
+    Attributes:
+        name: display name.
+        num_layers: decoder blocks.
+        hidden_size: model width (elements).
+        num_attention_heads: query heads.
+        num_kv_heads: key/value heads (< query heads under GQA).
+        head_dim: elements per head.
+        intermediate_size: MLP inner width (elements).
+        vocab_size: tokens in the vocabulary (embedding and LM-head rows).
+        max_model_len: longest context in tokens.
+        gated_mlp: SwiGLU MLP with 3 matrices (gate, up, down); False for
+            GPT-2's 2-matrix MLP.
+        tied_embeddings: the LM head shares the input embedding matrix.
+        dtype_bytes: bytes per weight/KV element (2 for bf16/fp16, 4 for fp32).
+        learned_position_embeddings: a ``max_model_len x hidden_size`` position
+            table (GPT-2); False for rotary embeddings (Llama family).
+
+    Biases and norm weights are not counted: under 0.1% of the parameters.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_model_len: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    dtype_bytes: int = 2
+    learned_position_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        _check_positive(self, _MODEL_INT_FIELDS)
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple "
+                f"of num_kv_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Q, K, V and output projection weights of one layer."""
+        q_width = self.num_attention_heads * self.head_dim
+        kv_width = self.num_kv_heads * self.head_dim
+        return 2 * self.hidden_size * q_width + 2 * self.hidden_size * kv_width
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """MLP weights of one layer: 3 matrices if gated (SwiGLU), else 2."""
+        num_matrices = 3 if self.gated_mlp else 2
+        return num_matrices * self.hidden_size * self.intermediate_size
+
+    @property
+    def num_nonembedding_params(self) -> int:
+        """Parameters of the decoder blocks (no embeddings, no LM head)."""
+        return self.num_layers * (self.attention_params_per_layer + self.mlp_params_per_layer)
+
+    @property
+    def num_lm_head_params(self) -> int:
+        """Parameters of the LM head (``vocab_size x hidden_size``), tied or not."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_embedding_params(self) -> int:
+        """Token (and learned position) embedding parameters."""
+        positions = self.max_model_len if self.learned_position_embeddings else 0
+        return (self.vocab_size + positions) * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """All parameters; a tied LM head is counted once."""
+        lm_head = 0 if self.tied_embeddings else self.num_lm_head_params
+        return self.num_nonembedding_params + self.num_embedding_params + lm_head
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights occupy in device memory."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def streamed_weight_bytes(self) -> int:
+        """Weight bytes one forward pass reads: the blocks and the LM head.
+
+        The input embedding is a gather of a few rows, not a full read, so an
+        untied embedding table is left out.
+        """
+        return (self.num_nonembedding_params + self.num_lm_head_params) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token: K and V for every layer and KV head."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def flops_per_token(self) -> int:
+        """Linear-layer FLOPs for one token whose logits are computed.
+
+        ``2 * (non-embedding params + LM head)`` (one multiply-add per weight);
+        attention over the context comes on top and depends on its length.
+        """
+        return 2 * (self.num_nonembedding_params + self.num_lm_head_params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator: datasheet peaks and the fractions a serving engine reaches.
+
+    Attributes:
+        name: display name.
+        peak_flops: dense peak in FLOP/s at the run dtype (bf16 on GPUs, no
+            2:4 sparsity).
+        mem_bandwidth: peak memory bandwidth in bytes/s.
+        mem_bytes: device memory in bytes.
+        mfu: achievable fraction of ``peak_flops`` for a whole forward pass
+            (model FLOPs utilization), in (0, 1].
+        bandwidth_efficiency: achievable fraction of ``mem_bandwidth`` when
+            streaming weights and KV, in (0, 1].
+        overhead_s: fixed seconds per iteration outside the roofline: kernel
+            launches, scheduling, input preparation, sampling.
+        dtype_bytes: bytes per element of the dtype models run in on this
+            device (2 = bf16 on GPUs; the cpu spec assumes fp32, 4).
+    """
+
+    name: str
+    peak_flops: float
+    mem_bandwidth: float
+    mem_bytes: int
+    mfu: float
+    bandwidth_efficiency: float
+    overhead_s: float
+    dtype_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
+        for name in ("mfu", "bandwidth_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"DeviceSpec.{name} must be in (0, 1], got {getattr(self, name)}")
+        if self.overhead_s < 0:
+            raise ValueError(f"DeviceSpec.overhead_s must be >= 0, got {self.overhead_s}")
+
+    @property
+    def achievable_flops(self) -> float:
+        """FLOP/s a forward pass reaches: ``peak_flops * mfu``."""
+        return self.peak_flops * self.mfu
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """Bytes/s a forward pass reaches: ``mem_bandwidth * bandwidth_efficiency``."""
+        return self.mem_bandwidth * self.bandwidth_efficiency
+
+    @property
+    def ridge_intensity(self) -> float:
+        """FLOPs per byte above which a step is compute-bound (the roofline ridge)."""
+        return self.achievable_flops / self.achievable_bandwidth
+
+
+# --- models ------------------------------------------------------------------
+# Numbers from each model's published Hugging Face config.json:
+#   gpt2:          huggingface.co/openai-community/gpt2/blob/main/config.json
+#   llama-3.1-8b:  huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json
+#   llama-3.1-70b: huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
+#   qwen2.5-7b:    huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json
+#                  (max_position_embeddings 32768: the native window; the model
+#                  card reaches 131072 only with YaRN rope scaling)
+# head_dim = hidden_size / num_attention_heads for all four.
+
+_GPT2 = ModelSpec(
+    name="gpt2",
+    num_layers=12,
+    hidden_size=768,
+    num_attention_heads=12,
+    num_kv_heads=12,
+    head_dim=64,
+    intermediate_size=3072,  # n_inner is null: 4 * n_embd
+    vocab_size=50257,
+    max_model_len=1024,
+    gated_mlp=False,
+    tied_embeddings=True,
+    learned_position_embeddings=True,
+)
+_LLAMA_31_8B = ModelSpec(
+    name="llama-3.1-8b",
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_model_len=131072,
+    gated_mlp=True,
+    tied_embeddings=False,
+)
+_LLAMA_31_70B = ModelSpec(
+    name="llama-3.1-70b",
+    num_layers=80,
+    hidden_size=8192,
+    num_attention_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=28672,
+    vocab_size=128256,
+    max_model_len=131072,
+    gated_mlp=True,
+    tied_embeddings=False,
+)
+_QWEN25_7B = ModelSpec(
+    name="qwen2.5-7b",
+    num_layers=28,
+    hidden_size=3584,
+    num_attention_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    intermediate_size=18944,
+    vocab_size=152064,
+    max_model_len=32768,
+    gated_mlp=True,
+    tied_embeddings=False,
+)
+
+MODELS: dict[str, ModelSpec] = {
+    "gpt2": _GPT2,
+    "openai-community/gpt2": _GPT2,
+    "llama-3.1-8b": _LLAMA_31_8B,
+    "meta-llama/llama-3.1-8b": _LLAMA_31_8B,
+    "meta-llama/llama-3.1-8b-instruct": _LLAMA_31_8B,
+    "llama-3.1-70b": _LLAMA_31_70B,
+    "meta-llama/llama-3.1-70b": _LLAMA_31_70B,
+    "meta-llama/llama-3.1-70b-instruct": _LLAMA_31_70B,
+    "qwen2.5-7b": _QWEN25_7B,
+    "qwen/qwen2.5-7b": _QWEN25_7B,
+    "qwen/qwen2.5-7b-instruct": _QWEN25_7B,
+}
+"""Built-in model specs by lowercase name; Hugging Face repo ids are aliases."""
+
+# --- devices -----------------------------------------------------------------
+# Efficiency factors (rough, shared by the GPUs; a profiled cost model fitted
+# from `rose-run profile` replaces them):
+#   mfu 0.6: large bf16 GEMMs reach 60-75% of dense peak; a whole prefill
+#     forward (norms, rotary, attention) lands near 50-60%.
+#   bandwidth_efficiency 0.8: streaming reads (GEMV in decode) reach about
+#     80-90% of HBM peak.
+#   overhead_s 1 ms: the per-step time that neither FLOPs nor bytes explain:
+#     scheduling, input preparation and sampling on the host plus launch gaps.
+#     It puts Llama-3.1-8B batch-1 decode on an H100 near 7 ms (6 ms roofline
+#     + 1 ms), the inter-token latency serving engines with CUDA graphs report;
+#     an eager engine (no CUDA graphs, ~10 kernels x 32 layers x ~5 us) pays
+#     a few ms more.
+_GPU_MFU = 0.6
+_GPU_BANDWIDTH_EFFICIENCY = 0.8
+_GPU_OVERHEAD_S = 1e-3
+
+# NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 tensor 312
+# TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB.
+_A100_80GB = DeviceSpec(
+    name="a100-80gb",
+    peak_flops=312 * TERA,
+    mem_bandwidth=2039 * GB,
+    mem_bytes=80 * GB,
+    mfu=_GPU_MFU,
+    bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
+    overhead_s=_GPU_OVERHEAD_S,
+)
+# NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 tensor 1,979 TFLOPS
+# with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB.
+_H100_SXM = DeviceSpec(
+    name="h100-sxm",
+    peak_flops=989 * TERA,
+    mem_bandwidth=3350 * GB,
+    mem_bytes=80 * GB,
+    mfu=_GPU_MFU,
+    bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
+    overhead_s=_GPU_OVERHEAD_S,
+)
+# NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute as H100 SXM
+# (989 TFLOPS BF16 dense), HBM3e 4.8 TB/s, 141 GB.
+_H200 = DeviceSpec(
+    name="h200",
+    peak_flops=989 * TERA,
+    mem_bandwidth=4800 * GB,
+    mem_bytes=141 * GB,
+    mfu=_GPU_MFU,
+    bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
+    overhead_s=_GPU_OVERHEAD_S,
+)
+# A generic small server CPU (about 2 cores) running PyTorch in fp32; an
+# assumption, not a datasheet, good to an order of magnitude only:
+#   peak 100 GFLOP/s: 2 cores x ~3 GHz x 32 fp32 FLOP/cycle (AVX2, 2 FMA
+#     units) is ~190 GFLOP/s, and shared/virtual cores seldom get it all;
+#   20 GB/s: a share of one DDR4/DDR5 socket;
+#   mfu 0.5: eager PyTorch matmuls on small batches;
+#   overhead 2 ms: eager op dispatch, ~10 us x ~15 ops x layers, plus Python.
+_CPU = DeviceSpec(
+    name="cpu",
+    peak_flops=100e9,
+    mem_bandwidth=20 * GB,
+    mem_bytes=16 * GB,
+    mfu=0.5,
+    bandwidth_efficiency=0.7,
+    overhead_s=2e-3,
+    dtype_bytes=4,
+)
+
+DEVICES: dict[str, DeviceSpec] = {
+    "a100-80gb": _A100_80GB,
+    "a100": _A100_80GB,
+    "h100-sxm": _H100_SXM,
+    "h100": _H100_SXM,
+    "h200": _H200,
+    "h200-sxm": _H200,
+    "cpu": _CPU,
+}
+"""Built-in device specs by lowercase name, with short aliases."""
+
+
+def _lookup(kind: str, registry: Mapping[str, Any], name: str) -> Any:
+    key = name.strip().lower()
+    if key not in registry:
+        known = ", ".join(sorted(registry))
+        raise UnknownSpecError(f"unknown {kind} {name!r}; known {kind}s: {known}")
+    return registry[key]
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """The built-in model spec for ``name`` (case-insensitive, aliases allowed).
+
+    Raises:
+        UnknownSpecError: if no built-in model has that name; lists the known ones.
+    """
+    spec: ModelSpec = _lookup("model", MODELS, name)
+    return spec
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """The built-in device spec for ``name`` (case-insensitive, aliases allowed).
+
+    Raises:
+        UnknownSpecError: if no built-in device has that name; lists the known ones.
+    """
+    spec: DeviceSpec = _lookup("device", DEVICES, name)
+    return spec
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+
+
+def _config_dtype_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes per element from ``torch_dtype`` (or newer ``dtype``); 2 if absent."""
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return _DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
+
+
+def _config_name(config: Mapping[str, Any]) -> str:
+    return str(config.get("_name_or_path") or config.get("model_type") or "custom")
+
+
+def _gpt2_spec(config: Mapping[str, Any]) -> ModelSpec:
+    hidden, heads = config["n_embd"], config["n_head"]
+    return ModelSpec(
+        name=_config_name(config),
+        num_layers=config["n_layer"],
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
+        intermediate_size=config.get("n_inner") or 4 * hidden,
+        vocab_size=config["vocab_size"],
+        max_model_len=config["n_positions"],
+        gated_mlp=False,
+        tied_embeddings=config.get("tie_word_embeddings", True),
+        dtype_bytes=_config_dtype_bytes(config),
+        learned_position_embeddings=True,
+    )
+
+
+def _llama_spec(config: Mapping[str, Any]) -> ModelSpec:
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    return ModelSpec(
+        name=_config_name(config),
+        num_layers=config["num_hidden_layers"],
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads,
+        intermediate_size=config["intermediate_size"],
+        vocab_size=config["vocab_size"],
+        max_model_len=config["max_position_embeddings"],
+        gated_mlp=True,
+        # LlamaConfig, Qwen2Config and MistralConfig all default to untied.
+        tied_embeddings=config.get("tie_word_embeddings", False),
+        dtype_bytes=_config_dtype_bytes(config),
+    )
+
+
+def model_spec_from_hf_config(config: Mapping[str, Any]) -> ModelSpec:
+    """A :class:`ModelSpec` from a transformers ``config.json`` dict.
+
+    GPT-2 keys (``n_layer``, ``n_embd``, ``n_head``, ``n_positions``) or
+    Llama-family keys (``num_hidden_layers``, ``hidden_size``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``,
+    ``max_position_embeddings``; Llama, Qwen2 and Mistral share them).
+    ``dtype_bytes`` follows ``torch_dtype`` (2 when absent).
+
+    Raises:
+        KeyError: if a required key is missing.
+        ValueError: if the values do not make a valid spec.
+    """
+    if config.get("model_type") == "gpt2" or "n_layer" in config:
+        return _gpt2_spec(config)
+    if "num_hidden_layers" in config:
+        return _llama_spec(config)
+    raise KeyError(
+        "not a GPT-2 or Llama-family config: needs 'n_layer' or 'num_hidden_layers' "
+        f"(model_type={config.get('model_type')!r})"
+    )

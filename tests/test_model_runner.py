@@ -1,0 +1,340 @@
+"""The model runner against transformers: greedy tokens equal ``generate()``.
+
+Tiny random models in float32 on CPU. Weights use ``initializer_range=0.5``:
+with the default 0.02 a random model greedily repeats its last prompt token,
+so a broken attention would still "match" (each test checks the outputs vary).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import GenerationConfig  # noqa: E402
+
+from roseinfer.executor import model_runner  # noqa: E402
+from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
+from roseinfer.executor.models import build_model  # noqa: E402
+from roseinfer.executor.sampler import filtered_probs, sample  # noqa: E402
+from roseinfer.request import SamplingParams  # noqa: E402
+
+torch.set_num_threads(1)
+
+BLOCK_SIZE = 4
+NUM_NEW_TOKENS = 8
+VARIED = {"initializer_range": 0.5}
+
+
+def tiny(name: str, **overrides):
+    """A tiny built-in model with varied (large-init) random weights."""
+    model, _, _ = build_model(
+        name, seed=0, dtype=torch.float32, device="cpu", config_overrides={**VARIED, **overrides}
+    )
+    return model
+
+
+@pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-llama", "tiny-qwen2"])
+def model(request):
+    return tiny(request.param)
+
+
+def runner_for(model, device="cpu", **kw) -> ModelRunner:
+    return ModelRunner(
+        model, num_kv_blocks=64, block_size=BLOCK_SIZE, device=device, dtype=torch.float32, **kw
+    )
+
+
+def prompts_of(*lengths: int, seed: int = 1) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], num_tokens: int = NUM_NEW_TOKENS) -> list[int]:
+    """``generate()`` with EOS off, so it runs exactly ``num_tokens`` steps."""
+    config = GenerationConfig(
+        max_new_tokens=num_tokens,
+        min_new_tokens=num_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    ids = torch.tensor([prompt], device=model.device)
+    return model.generate(ids, generation_config=config)[0, len(prompt) :].tolist()
+
+
+def tables_for(num_seqs: int, first_block: int = 0, blocks_per_seq: int = 8) -> list[list[int]]:
+    """Trivial allocation: consecutive block ids per sequence."""
+    return [
+        list(range(first_block + i * blocks_per_seq, first_block + (i + 1) * blocks_per_seq))
+        for i in range(num_seqs)
+    ]
+
+
+def decode(runner, prompts, first_tokens, tables, num_tokens=NUM_NEW_TOKENS) -> list[list[int]]:
+    """Greedy decode loop, all sequences in one forward per step."""
+    outs = [[t] for t in first_tokens]
+    for _ in range(num_tokens - 1):
+        inputs = [
+            SeqInput([o[-1]], len(p) + len(o) - 1, t)
+            for p, o, t in zip(prompts, outs, tables, strict=True)
+        ]
+        for out, token in zip(outs, runner.forward(inputs).argmax(-1).tolist(), strict=True):
+            out.append(token)
+    return outs
+
+
+def assert_varied(outputs: list[list[int]]) -> None:
+    for out in outputs:
+        assert len(set(out)) > 2, f"degenerate output {out}: raise initializer_range"
+
+
+# ------------------------------------------------------------- equivalence
+
+
+def test_batched_prefill_then_decode_matches_generate(model):
+    prompts = prompts_of(3, 9, 14)
+    runner = runner_for(model)
+    tables = tables_for(len(prompts))
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    assert logits.shape == (3, model.config.vocab_size) and logits.dtype == torch.float32
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    expected = [hf_greedy(model, p) for p in prompts]
+    assert_varied(expected)
+    assert outs == expected
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_prefix_blocks_shared_in_the_same_forward(name):
+    """B reuses A's two full prefix blocks while A writes them in this forward
+    (B listed first); C hits the same cached prefix in a later, mixed step."""
+    model = tiny(name)
+    prefix = prompts_of(8, seed=2)[0]
+    tail_a, tail_b, tail_c = prompts_of(3, 5, 2, seed=3)
+    prompt_a, prompt_b, prompt_c = prefix + tail_a, prefix + tail_b, prefix + tail_c
+    table_a, table_b, table_c = [0, 1, 2, 3, 4], [0, 1, 10, 11, 12], [0, 1, 20, 21, 22]
+    runner = runner_for(model)
+    step1 = runner.forward([SeqInput(tail_b, 8, table_b), SeqInput(prompt_a, 0, table_a)])
+    out_b, out_a = ([t] for t in step1.argmax(-1).tolist())
+    # Step 2: C's prefill of its uncached tail alongside the decodes of A and B.
+    step2 = runner.forward(
+        [
+            SeqInput(tail_c, 8, table_c),
+            SeqInput([out_a[-1]], len(prompt_a), table_a),
+            SeqInput([out_b[-1]], len(prompt_b), table_b),
+        ]
+    )
+    first_c, token_a, token_b = step2.argmax(-1).tolist()
+    out_a.append(token_a)
+    out_b.append(token_b)
+    rest = decode(
+        runner,
+        [prompt_a + out_a[:-1], prompt_b + out_b[:-1]],
+        [token_a, token_b],
+        [table_a, table_b],
+        NUM_NEW_TOKENS - 1,
+    )
+    rest_c = decode(runner, [prompt_c], [first_c], [table_c])
+    expected = [hf_greedy(model, p) for p in (prompt_a, prompt_b, prompt_c)]
+    assert_varied(expected)
+    assert [out_a[:1] + rest[0], out_b[:1] + rest[1], rest_c[0]] == expected
+
+
+LOGIT_CASES = {
+    "gpt2-scale-by-layer": ("tiny-gpt2", {"scale_attn_by_inverse_layer_idx": True}),
+    "llama-llama3-rope": (
+        "tiny-llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    "llama-mha-no-gqa": ("tiny-llama", {"num_key_value_heads": 4}),
+    "qwen2": ("tiny-qwen2", {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOGIT_CASES))
+def test_chunked_prefill_logits_match_hf_forward(case):
+    """A 30-token prompt in chunks of 13, 1 and 16 tokens (start_pos > 0)."""
+    name, overrides = LOGIT_CASES[case]
+    model = tiny(name, **overrides)
+    prompt = prompts_of(30, seed=4)[0]
+    runner, table = runner_for(model), tables_for(1)[0]
+    for start, end in ((0, 13), (13, 14), (14, 30)):
+        logits = runner.forward([SeqInput(prompt[start:end], start, table)])[0]
+        with torch.no_grad():
+            expected = model(torch.tensor([prompt[:end]])).logits[0, -1].float()
+        torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def reference_flash_varlen(
+    q,
+    k_cache,
+    v_cache,
+    *,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    block_table,
+):
+    """flash-attn's documented semantics (paged K/V, bottom-right causal, GQA)."""
+    assert causal and q.dtype == k_cache.dtype and block_table.dtype == torch.int32
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    for i in range(len(cu_seqlens_q) - 1):
+        q_lo, q_hi = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
+        ctx = int(cu_seqlens_k[i + 1] - cu_seqlens_k[i])
+        blocks = block_table[i, : math.ceil(ctx / block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[:ctx].transpose(0, 1)
+        v = v_cache[blocks].flatten(0, 1)[:ctx].transpose(0, 1)
+        groups = q.shape[1] // k.shape[0]
+        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+        qi = q[q_lo:q_hi].transpose(0, 1)
+        scores = qi @ k.transpose(1, 2) * softmax_scale
+        pos_q = torch.arange(ctx - (q_hi - q_lo), ctx)[:, None]
+        scores = scores.masked_fill(torch.arange(ctx)[None, :] > pos_q, float("-inf"))
+        out[q_lo:q_hi] = (scores.softmax(-1) @ v).transpose(0, 1)
+    return out
+
+
+def test_flash_backend_metadata_with_a_reference_kernel(monkeypatch):
+    """The flash-attn call (cu_seqlens, block table, causal) checked on CPU
+    against a Python kernel with flash-attn's documented semantics."""
+    monkeypatch.setattr(model_runner, "_load_flash_varlen", lambda: reference_flash_varlen)
+    model = tiny("tiny-llama")
+    runner = runner_for(model, attention_backend="flash_attn")
+    assert runner.attention_backend == "flash_attn"
+    prompts, tables = prompts_of(2, 7, 11), tables_for(3)
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    assert outs == [hf_greedy(model, p) for p in prompts]
+
+
+def test_decode_logits_do_not_depend_on_batch_companions():
+    model = tiny("tiny-llama")
+    prompts, tables = prompts_of(5, 17), tables_for(2)
+    runner = runner_for(model)
+    runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    both = runner.forward([SeqInput([7], 5, tables[0]), SeqInput([9], 17, tables[1])])
+    alone = runner.forward([SeqInput([7], 5, tables[0])])
+    torch.testing.assert_close(both[0], alone[0], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_bad_inputs_raise_value_error():
+    runner = runner_for(tiny("tiny-gpt2"))  # 256 positions, 64 blocks of 4
+    with pytest.raises(ValueError, match="block table has 1"):
+        runner.forward([SeqInput(list(range(5)), 0, [0])])
+    with pytest.raises(ValueError, match="outside"):
+        runner.forward([SeqInput([1, 2], 0, [64])])
+    big = ModelRunner(
+        tiny("tiny-gpt2"), num_kv_blocks=65, block_size=4, device="cpu", dtype=torch.float32
+    )
+    with pytest.raises(ValueError, match="exceeds the model's 256"):
+        big.forward([SeqInput([1], 256, list(range(65)))])
+    with pytest.raises(ValueError, match="at least one"):
+        runner.forward([])
+    with pytest.raises(ValueError, match="attention_backend"):
+        runner_for(tiny("tiny-gpt2"), attention_backend="magic")
+
+
+def test_unknown_model_name_lists_known_names():
+    with pytest.raises(ValueError, match="tiny-llama.*local directory"):
+        build_model("no-such-model", seed=0, dtype=torch.float32, device="cpu")
+
+
+def test_build_model_from_a_saved_directory(tmp_path):
+    model = tiny("tiny-llama")
+    model.save_pretrained(tmp_path)
+    loaded, config, tokenizer = build_model(
+        str(tmp_path), seed=123, dtype=torch.float32, device="cpu"
+    )
+    assert tokenizer is None and config.model_type == "llama"
+    prompt = prompts_of(6)[0]
+    runner = runner_for(loaded)
+    first = runner.forward([SeqInput(prompt, 0, tables_for(1)[0])]).argmax(-1).tolist()
+    assert first == hf_greedy(model, prompt, 1)
+
+
+def test_random_init_is_seeded():
+    a, b = tiny("tiny-gpt2"), tiny("tiny-gpt2")
+    torch.testing.assert_close(a.lm_head.weight, b.lm_head.weight)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=7)
+    other = SamplingParams(temperature=0.8, top_k=10)
+    engine_gen = torch.Generator().manual_seed(0)
+
+    def draws(rows: list[int], with_companion: bool) -> list[int]:
+        gen = torch.Generator().manual_seed(7)
+        tokens = []
+        for row in rows:
+            if with_companion:
+                picked = sample(logits[[1, row]], [other, params], [engine_gen, gen])[1]
+            else:
+                picked = sample(logits[[row]], [params], [gen])[0]
+            tokens.append(picked)
+        return tokens
+
+    rows = [0, 2, 0, 2, 0, 2, 0, 2]
+    assert draws(rows, False) == draws(rows, True)
+    assert len(set(draws(rows, False))) > 1
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy():
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1))
+    greedy = logits.argmax(-1)
+    for p in (
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=2.0, top_p=1e-6),
+    ):
+        probs = filtered_probs(logits, [p] * 4)
+        assert torch.equal(probs.argmax(-1), greedy) and torch.all((probs > 0).sum(-1) == 1)
+        gen = torch.Generator().manual_seed(0)
+        assert sample(logits, [p] * 4, [gen] * 4) == greedy.tolist()
+    assert sample(logits, [SamplingParams()] * 4, [None] * 4) == greedy.tolist()
+
+
+def test_top_k_keeps_only_the_k_most_likely():
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(2))
+    top3 = set(logits[0].topk(3).indices.tolist())
+    gen = torch.Generator().manual_seed(0)
+    params = [SamplingParams(temperature=5.0, top_k=3)]
+    picked = {sample(logits, params, [gen])[0] for _ in range(60)}
+    assert picked == top3
+
+
+# -------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_greedy_matches_generate():
+    model = tiny("tiny-llama").to("cuda")
+    prompts, tables = prompts_of(4, 11), tables_for(2)
+    runner = runner_for(model, device="cuda")
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    assert logits.device.type == "cuda"
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    assert outs == [hf_greedy(model, p) for p in prompts]
