@@ -74,7 +74,10 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[int | None] = [None] * num_blocks
         self._hash_to_block: dict[int, int] = {}
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # Free blocks: those holding nothing reusable (a stack, taken first) and
+        # cached ones still indexed by hash (LRU order, evicted oldest first).
+        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[int, list[int]] = {}
         self.num_queried_tokens = 0  # prompt tokens looked up at first admissions
         self.num_hit_tokens = 0  # of which served from the cache
@@ -83,12 +86,12 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no reference (including evictable cached blocks)."""
-        return len(self._free)
+        return len(self._free_plain) + len(self._free_cached)
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks referenced by at least one request."""
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     def block_table(self, seq: Sequence) -> list[int]:
         """The block ids of ``seq`` in position order (empty if it holds none)."""
@@ -128,7 +131,7 @@ class BlockManager:
         hits = self._hit_blocks(seq)
         num_new = self.blocks_for(seq.num_tokens) - len(hits)
         num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
-        return num_new <= len(self._free) - num_hits_free
+        return num_new <= self.num_free_blocks - num_hits_free
 
     def allocate(self, seq: Sequence) -> int:
         """Give ``seq`` blocks for its ``num_tokens`` tokens, reusing cached ones.
@@ -151,8 +154,7 @@ class BlockManager:
         for block in table:
             self._ref(block)
         num_hit = len(table)
-        for _ in range(self.blocks_for(seq.num_tokens) - num_hit):
-            table.append(self._take_free())
+        table.extend(self._take(self.blocks_for(seq.num_tokens) - num_hit))
         self._tables[seq.seq_id] = table
         if self.enable_prefix_caching:
             self._register(table, self._hashes(seq), num_hit)
@@ -160,7 +162,7 @@ class BlockManager:
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """True when ``seq``'s table can be extended to hold ``num_tokens`` tokens."""
-        return self.num_blocks_to_grow(seq, num_tokens) <= len(self._free)
+        return self.num_blocks_to_grow(seq, num_tokens) <= self.num_free_blocks
 
     def num_blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks ``seq`` needs to hold ``num_tokens`` tokens."""
@@ -174,10 +176,9 @@ class BlockManager:
         """
         table = self._tables[seq.seq_id]
         num_new = self.blocks_for(num_tokens) - len(table)
-        if num_new > len(self._free):
+        if num_new > self.num_free_blocks:
             raise RuntimeError(f"not enough free KV blocks to grow {seq}")
-        for _ in range(num_new):
-            table.append(self._take_free())
+        table.extend(self._take(num_new))
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references. Tail blocks are freed first, so they are
@@ -185,12 +186,14 @@ class BlockManager:
         table = self._tables.pop(seq.seq_id, None)
         if table is None:
             return
+        refs, hashes = self._ref_counts, self._block_hash
         for block in reversed(table):
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] == 0:
-                self._free[block] = None
-                if self._block_hash[block] is None:
-                    self._free.move_to_end(block, last=False)  # nothing to keep: reuse first
+            refs[block] -= 1
+            if refs[block] == 0:
+                if hashes[block] is None:
+                    self._free_plain.append(block)  # nothing to keep: reused first
+                else:
+                    self._free_cached[block] = None
 
     def record_prefix_query(self, seq: Sequence, num_cached_tokens: int) -> None:
         """Count a first admission for the prefix-cache hit rate."""
@@ -200,16 +203,33 @@ class BlockManager:
     # ------------------------------------------------------------------ helpers
     def _ref(self, block: int) -> None:
         if self._ref_counts[block] == 0:
-            del self._free[block]
+            del self._free_cached[block]  # a hit on a free cached block revives it
         self._ref_counts[block] += 1
 
+    def _take(self, num_blocks: int) -> list[int]:
+        """Take ``num_blocks`` free blocks (plain ones first, then LRU cached)."""
+        if num_blocks <= 0:
+            return []
+        plain = self._free_plain
+        if len(plain) >= num_blocks:
+            blocks = plain[-num_blocks:]
+            del plain[-num_blocks:]
+            refs = self._ref_counts
+            for block in blocks:
+                refs[block] = 1
+            return blocks
+        return [self._take_free() for _ in range(num_blocks)]
+
     def _take_free(self) -> int:
-        block, _ = self._free.popitem(last=False)  # least recently freed
-        old = self._block_hash[block]
-        if old is not None:  # evict its cached content
-            self._block_hash[block] = None
-            if self._hash_to_block.get(old) == block:
-                del self._hash_to_block[old]
+        if self._free_plain:
+            block = self._free_plain.pop()
+        else:
+            block, _ = self._free_cached.popitem(last=False)  # least recently freed
+            old = self._block_hash[block]
+            if old is not None:  # evict its cached content
+                self._block_hash[block] = None
+                if self._hash_to_block.get(old) == block:
+                    del self._hash_to_block[old]
         self._ref_counts[block] = 1
         return block
 
@@ -233,7 +253,13 @@ class BlockManager:
                 refs[block] += 1
         assert refs == self._ref_counts, "ref counts differ from block tables"
         free = {b for b in range(self.num_blocks) if refs[b] == 0}
-        assert free == set(self._free), "free queue differs from unreferenced blocks"
-        assert len(self._free) + self.num_used_blocks == self.num_blocks
+        listed = [*self._free_plain, *self._free_cached]
+        assert len(listed) == len(set(listed)), "a block is listed free twice"
+        assert free == set(listed), "free lists differ from unreferenced blocks"
+        assert all(self._block_hash[b] is None for b in self._free_plain), (
+            "hashed block in plain list"
+        )
+        used = sum(1 for r in refs if r > 0)
+        assert len(listed) + used == self.num_blocks, "free + used != total"
         for h, block in self._hash_to_block.items():
             assert self._block_hash[block] == h, f"hash index stale for block {block}"

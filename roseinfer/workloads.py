@@ -596,7 +596,12 @@ def _seed_031() -> SeedExperiment:
     # NOTE: the post kept its prefix cache on, but that cache was keyed by the whole
     # prompt, so unique prompts never hit; our block-hash cache would hit the shared
     # "Hello" x 64 blocks, so it is off here to match the post.
-    base = {"max_num_seqs": 8, "prefill_max_seqs": 32, "enable_prefix_caching": False}
+    # NOTE: the post's --max-batch-size 8 caps each decode forward, not the set of
+    # admitted sessions (its prefill admits up to --prefill-max-batch-size and all of
+    # them stay active). Our running set is also the decode batch (vLLM's
+    # max_num_seqs), so the closest match is a running cap equal to the admission cap;
+    # with max_num_seqs=8 admission would be seat-bound and the budget never bind.
+    base = {"max_num_seqs": 32, "prefill_max_seqs": 32, "enable_prefix_caching": False}
     return SeedExperiment(
         "001_d7fea02014171b97.txt",
         "031 prefill token budget: 3 short + 1 long prompt, 20 ms apart",
@@ -615,7 +620,12 @@ def _seed_032() -> SeedExperiment:
     # --num-requests 128 --submit-interval-ms 5 --max-batch-size 8 --prefill-max-batch-size 128
     # --max-new-tokens 32 --no-stop-on-eos --no-prefix-cache (cuda); after: --decode-first.
     # Prints 2528 / 4096 tokens: 96 x 4 + 32 x 67.
-    base = {"max_num_seqs": 8, "prefill_max_seqs": 128, "enable_prefix_caching": False}
+    # NOTE: the post's --max-batch-size 8 caps each decode forward, not the set of
+    # admitted sessions (its prefill admits up to --prefill-max-batch-size and all of
+    # them stay active). Our running set is also the decode batch (vLLM's
+    # max_num_seqs), so the closest match is a running cap equal to the admission cap;
+    # with max_num_seqs=8 admission would be seat-bound and the budget never bind.
+    base = {"max_num_seqs": 128, "prefill_max_seqs": 128, "enable_prefix_caching": False}
     return SeedExperiment(
         "002_9726b183f600ca55.txt",
         "032 decode-first: prefill vs decode order under a steady stream",
@@ -636,8 +646,13 @@ def _seed_033() -> SeedExperiment:
     # --prefill-max-tokens 256 --max-new-tokens 32 --no-stop-on-eos --no-prefix-cache (cuda);
     # after: --prefill-admission-policy pack --prefill-admission-lookahead 64
     # --prefill-force-fifo-every 8. Prints 16864 / 4096 tokens: 32 x (512 + 3) + 96 x 4.
+    # NOTE: the post's --max-batch-size 8 caps each decode forward, not the set of
+    # admitted sessions (its prefill admits up to --prefill-max-batch-size and all of
+    # them stay active). Our running set is also the decode batch (vLLM's
+    # max_num_seqs), so the closest match is a running cap equal to the admission cap;
+    # with max_num_seqs=8 admission would be seat-bound and the budget never bind.
     base = {
-        "max_num_seqs": 8,
+        "max_num_seqs": 128,
         "prefill_max_seqs": 128,
         "prefill_max_tokens": 256,
         "enable_prefix_caching": False,

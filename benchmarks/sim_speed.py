@@ -1,0 +1,113 @@
+"""Simulator speed: simulated requests per wall-second and peak memory, per policy.
+
+Replays a whole trace (default: the full Azure conv 2023 trace, 19,366
+requests, from ``../shared/traces``; the embedded 2,000-request sample when
+that is absent) through ``rose-sim``'s engine for every built-in admission
+policy, with the default cost model (Llama-3.1-8B on one H100). Each policy
+runs in a fresh subprocess so its peak RSS is its own. Also runs one policy
+with ``--no-jump`` semantics (every decode step planned alone) to show what
+the multi-step decode jumps buy, as a ratio measured in the same run.
+
+Target (issue 2): the whole conv trace in under 5 s per policy on a 2-core machine.
+
+    python benchmarks/sim_speed.py
+    python benchmarks/sim_speed.py --trace path/to/trace.csv --model llama-3.1-70b --device h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/AzureLLMInferenceTrace_conv.csv"
+RUNS = {
+    "fifo": [],
+    "budget-2048": ["--policy", "budget", "--prefill-max-tokens", "2048"],
+    "pack-2048+ff8": [
+        "--policy", "pack", "--prefill-max-tokens", "2048", "--lookahead", "64",
+        "--force-fifo-every", "8",
+    ],
+    "budget-2048+decode-first": [
+        "--policy", "budget", "--prefill-max-tokens", "2048", "--loop-order", "decode-first",
+    ],
+}  # fmt: skip
+
+_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from roseinfer.simulator.cli import build_parser, load_model_spec, default_num_kv_blocks
+from roseinfer.cli import build_workload, scheduler_config
+from roseinfer.registry import load_registry
+from roseinfer.simulator import make_cost_model, simulate
+from roseinfer.simulator.specs import get_device_spec
+args = build_parser().parse_args(sys.argv[1:])
+registry = load_registry()
+requests, _ = build_workload(args)
+model, device = load_model_spec(args.model), get_device_spec(args.device)
+config = scheduler_config(args, registry, num_kv_blocks=default_num_kv_blocks(args, model, device),
+                          max_model_len=model.max_model_len)
+t1 = time.perf_counter()
+result = simulate(requests, config, make_cost_model(model, device), registry=registry,
+                  jump=not args.no_jump)
+t2 = time.perf_counter()
+df = result.records
+print(json.dumps({
+    "num_requests": len(df), "finished": int((df.status == "finished").sum()),
+    "num_steps": result.num_steps, "load_s": t1 - t0, "sim_s": t2 - t1,
+    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+}))
+"""
+
+
+def run_one(flags: list[str]) -> dict:
+    """Run one simulation in a fresh interpreter; return its figures."""
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, *flags], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--trace", type=Path, default=SHARED_TRACE if SHARED_TRACE.exists() else None
+    )
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--device", default="h100-sxm")
+    parser.add_argument("--num-requests", type=int)
+    args = parser.parse_args()
+    base = ["--model", args.model, "--device", args.device]
+    if args.trace is not None:
+        base += ["--trace", str(args.trace)]
+    if args.num_requests:
+        base += ["--num-requests", str(args.num_requests)]
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, python {platform.python_version()}"
+    )
+    print(
+        f"workload: {args.trace or 'embedded azure conv sample'}; model {args.model} on {args.device}"
+    )
+    print(
+        f"{'run':<28}{'requests':>9}{'steps':>9}{'sim s':>8}{'req/s':>10}{'load s':>8}{'RSS MB':>8}"
+    )
+    results = {}
+    for label, flags in [*RUNS.items(), ("fifo --no-jump", ["--no-jump"])]:
+        r = run_one(base + flags)
+        results[label] = r
+        rate = r["num_requests"] / r["sim_s"]
+        print(
+            f"{label:<28}{r['num_requests']:>9}{r['num_steps']:>9}{r['sim_s']:>8.2f}"
+            f"{rate:>10.0f}{r['load_s']:>8.2f}{r['peak_rss_mb']:>8.0f}"
+        )
+        assert r["finished"] == r["num_requests"], "every request should finish"
+    ratio = results["fifo --no-jump"]["sim_s"] / results["fifo"]["sim_s"]
+    print(f"multi-step decode jumps: {ratio:.1f}x faster than planning every step (fifo)")
+
+
+if __name__ == "__main__":
+    main()
