@@ -1,0 +1,173 @@
+"""``rose-sim`` end to end: outputs, seed workloads, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from roseinfer.simulator.cli import main
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
+VLLM_KEYS = [
+    "completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+    *[f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p50", "p90", "p95", "p99")],
+    "num_requests", "rejected", "preemptions", "prefix_cache_hit_rate", "policy",
+]  # fmt: skip
+
+
+def rose_sim(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["rose-sim", *args])
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_default_run_prints_a_summary(monkeypatch, capsys) -> None:
+    code, out, _ = rose_sim(
+        monkeypatch,
+        capsys,
+        "--policy",
+        "pack",
+        "--prefill-max-tokens",
+        "256",
+        "--num-requests",
+        "300",
+    )
+    assert code == 0
+    assert "Successful requests:                     300" in out
+    assert "P99 ITL (ms):" in out
+
+
+def test_result_json_has_vllm_bench_keys_and_records(monkeypatch, capsys, tmp_path) -> None:
+    result, records = tmp_path / "r.json", tmp_path / "rec.csv"
+    code, _, err = rose_sim(
+        monkeypatch, capsys, "--policy", "budget", "--prefill-max-tokens", "512",
+        "--force-fifo-every", "4", "--num-requests", "200", "--quiet",
+        "--save-result", str(result), "--save-records", str(records),
+        "--goodput", "ttft:500", "tpot:50",
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(result.read_text())
+    assert [k for k in VLLM_KEYS if k not in data] == []
+    assert data["completed"] + data["rejected"] == data["num_requests"] == 200
+    assert data["policy"] == "budget+force-fifo+prefill-first"
+    assert "request_goodput" in data
+    df = pd.read_csv(records)
+    assert len(df) == 200
+    assert "token_times_s" in df.columns
+
+
+def test_records_as_parquet_keep_token_times(monkeypatch, capsys, tmp_path) -> None:
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "rec.parquet"
+    code, _, err = rose_sim(
+        monkeypatch, capsys, "--num-requests", "20", "--quiet", "--save-records", str(path)
+    )
+    assert code == 0, err
+    df = pd.read_parquet(path)
+    assert (df.token_times_s.map(len) == df.num_output_tokens).all()
+
+
+@pytest.mark.parametrize(
+    "workload, flags",
+    [
+        ("seed-027", []),
+        ("seed-031", ["--policy", "budget", "--prefill-max-tokens", "224", "--max-num-seqs", "32"]),
+        ("seed-032", ["--loop-order", "decode-first", "--max-num-seqs", "128"]),
+        (
+            "seed-033",
+            ["--policy", "pack", "--prefill-max-tokens", "256", "--force-fifo-every", "8"],
+        ),
+        ("seed-004-prefix-shared", []),
+    ],
+)
+def test_seed_workloads_run(monkeypatch, capsys, tmp_path, workload, flags) -> None:
+    result = tmp_path / "r.json"
+    code, _, err = rose_sim(
+        monkeypatch, capsys, "--workload", workload, "--model", "gpt2", "--device", "cpu",
+        "--quiet", "--save-result", str(result), *flags,
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(result.read_text())
+    assert data["completed"] == data["num_requests"]
+
+
+def test_prefix_cache_hits_on_shared_prompts(monkeypatch, capsys, tmp_path) -> None:
+    result = tmp_path / "r.json"
+    rose_sim(
+        monkeypatch,
+        capsys,
+        "--workload",
+        "seed-004-prefix-shared",
+        "--quiet",
+        "--save-result",
+        str(result),
+    )
+    assert json.loads(result.read_text())["prefix_cache_hit_rate"] > 0.5
+
+
+def bad_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6800000,10,5\n"
+        "2023-11-16 18:15:47.6800000,abc,5\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, fifo, pack"),
+        (["--loop-order", "sideways"], "known: decode-first, prefill-first"),
+        (["--policy", "fifo", "--prefill-max-tokens", "64"], "ignores --prefill-max-tokens"),
+        (["--policy", "budget", "--lookahead", "8"], "--lookahead is read only by: pack"),
+        (["--workload", "seed-031", "--trace", "x.csv"], "either --trace or --workload"),
+        (["--prompt-repeats", "1,64"], "--workload synthetic"),
+        (["--num-kv-blocks", "10", "--kv-cache-memory-gb", "1"], "not both"),
+        (["--request-rate", "0"], "--request-rate must be > 0"),
+        (["--max-num-seqs", "0"], "max_num_seqs must be > 0"),
+        (["--trace", "missing.csv"], "missing.csv"),
+        (["--model", "gpt5"], "gpt5"),
+        (["--device", "tpu"], "tpu"),
+        (["--goodput", "latency:5"], "latency"),
+        (["--save-records", "r.txt", "--num-requests", "3"], ".csv or .parquet"),
+        (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
+    ],
+)
+def test_bad_input_gives_one_error_line(monkeypatch, capsys, tmp_path, args, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = rose_sim(monkeypatch, capsys, *args)
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rose-sim: error:"), err
+    assert message in lines[0]
+
+
+def test_malformed_trace_row_names_file_and_line(monkeypatch, capsys, tmp_path) -> None:
+    code, _, err = rose_sim(monkeypatch, capsys, "--trace", str(bad_trace(tmp_path)))
+    assert code == 2
+    assert "bad.csv:3" in err and "ContextTokens" in err
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/traces is not beside the repo")
+def test_full_azure_conv_trace_completes_under_pack(monkeypatch, capsys, tmp_path) -> None:
+    result = tmp_path / "r.json"
+    code, _, err = rose_sim(
+        monkeypatch, capsys, "--policy", "pack", "--prefill-max-tokens", "2048",
+        "--trace", str(SHARED / "AzureLLMInferenceTrace_conv.csv"), "--quiet",
+        "--save-result", str(result),
+    )  # fmt: skip
+    assert code == 0, err
+    data = json.loads(result.read_text())
+    assert data["num_requests"] == 19366
+    assert data["completed"] == 19366
