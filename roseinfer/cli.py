@@ -70,9 +70,14 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         "--burstiness",
         type=float,
         default=1.0,
-        help="gamma shape of inter-arrival gaps with --request-rate (1 = Poisson), as vLLM bench",
+        help="gamma shape of inter-arrival gaps with --request-rate (default 1 = Poisson), as vLLM bench",
     )
-    g.add_argument("--seed", type=int, default=0, help="random seed (arrivals, made-up tokens)")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed: arrivals, made-up tokens, sampling (default 0)",
+    )
     g.add_argument("--prompt-tokens", type=int, help="synthetic: base prompt length in tokens")
     g.add_argument(
         "--prompt-repeats",
@@ -90,13 +95,18 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_policy_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--policy", default="fifo", help="admission policy (see --list-policies)")
     g.add_argument(
-        "--loop-order", default="prefill-first", help="loop ordering (see --list-policies)"
+        "--policy", default="fifo", help="admission policy (default fifo; see --list-policies)"
+    )
+    g.add_argument(
+        "--loop-order", default="prefill-first", help="loop ordering (default prefill-first)"
     )
     g.add_argument("--lookahead", type=int, help="pack: waiting requests looked at (default 64)")
     g.add_argument(
-        "--force-fifo-every", type=int, default=0, help="strict FIFO every N-th admission round"
+        "--force-fifo-every",
+        type=int,
+        default=0,
+        help="strict FIFO every N-th admission round (default 0 = off)",
     )
     g.add_argument(
         "--policy-arg",
@@ -127,7 +137,12 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         default=DEFAULT_MAX_NUM_SEQS,
         help=f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
     )
-    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
+    )
     g.add_argument("--num-kv-blocks", type=int, help="KV blocks in the pool (default: from memory)")
     g.add_argument(
         "--kv-cache-memory-gb",

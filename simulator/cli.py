@@ -46,21 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rose-sim",
         description="Simulate an LLM-serving scheduling policy on a workload with a cost "
         "model (default: the embedded Azure conv trace sample, Llama-3.1-8B on one H100).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_common_args(parser)
     g = parser.add_argument_group("cost model")
     g.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"model shape: a built-in name ({', '.join(sorted(MODELS))}) or a config.json",
+        help=f"model shape (default {DEFAULT_MODEL}): a built-in name "
+        f"({', '.join(sorted(MODELS))}) or a transformers config.json",
     )
-    g.add_argument("--device", default=DEFAULT_DEVICE, help=f"device: {', '.join(sorted(DEVICES))}")
+    g.add_argument(
+        "--device",
+        default=DEFAULT_DEVICE,
+        help=f"device (default {DEFAULT_DEVICE}): {', '.join(sorted(DEVICES))}",
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=GPU_MEMORY_UTILIZATION,
-        help="share of device memory for weights + KV cache (sets the default KV pool)",
+        help="share of device memory for weights + KV cache, sets the default KV pool "
+        f"(default {GPU_MEMORY_UTILIZATION}, as vLLM)",
     )
     g.add_argument(
         "--no-jump",
