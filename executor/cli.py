@@ -15,6 +15,7 @@ output by one factor so the longest fits); the result file says which.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 
@@ -27,14 +28,16 @@ from roseinfer.cli import (
     add_common_args,
     build_workload,
     kv_blocks_from_bytes,
+    policy_options,
     report,
     run_main,
     scheduler_config,
 )
 from roseinfer.executor.engine import Engine, RunResult
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
-from roseinfer.executor.models import BUILTIN_MODELS, build_model
+from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
 from roseinfer.registry import Registry
+from roseinfer.request import Request
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_KV_CACHE_GB = 1.0  # default KV pool on CPU (GiB)
@@ -48,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an LLM-serving scheduling policy for real: the shared scheduler "
         "drives a PyTorch model with a paged KV cache (default: the embedded Azure conv "
         "trace sample on GPT-2 with random weights).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_common_args(parser)
     g = parser.add_argument_group("executor")
@@ -107,18 +109,29 @@ def resolve_device(name: str | None) -> torch.device:
 
 
 def default_num_kv_blocks(
-    args: argparse.Namespace, runner_bytes_per_token: int, device: torch.device
+    args: argparse.Namespace,
+    runner_bytes_per_token: int,
+    device: torch.device,
+    max_useful_blocks: int | None = None,
 ) -> int:
     """KV blocks from ``--kv-cache-memory-gb``, else 1 GiB on CPU or a share of
-    free CUDA memory."""
+    free CUDA memory, capped at ``max_useful_blocks`` when memory decides.
+
+    NOTE: the cap (``max_num_seqs`` requests of ``max_model_len`` tokens) only
+    bites for tiny models, whose memory-derived pool would be millions of
+    blocks: seconds to allocate and to index, for nothing but cache retention.
+    """
     if args.kv_cache_memory_gb is not None:
-        num_bytes = args.kv_cache_memory_gb * 2**30
-    elif device.type == "cuda":
+        return kv_blocks_from_bytes(
+            args.kv_cache_memory_gb * 2**30, runner_bytes_per_token, args.block_size
+        )
+    if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         num_bytes = free * args.gpu_memory_utilization
     else:
         num_bytes = CPU_KV_CACHE_GB * 2**30
-    return kv_blocks_from_bytes(num_bytes, runner_bytes_per_token, args.block_size)
+    num_blocks = kv_blocks_from_bytes(num_bytes, runner_bytes_per_token, args.block_size)
+    return num_blocks if max_useful_blocks is None else min(num_blocks, max_useful_blocks)
 
 
 def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -130,24 +143,66 @@ def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     return 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
-def _max_context(config) -> int:
-    return int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+def _max_context(model) -> int:
+    """Positions the model was trained for, or its sliding window if smaller
+    (the runner attends over whole contexts only)."""
+    config = model.config
+    context = int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+    window = make_adapter(model).shape.max_context_tokens
+    return context if window is None else min(context, window)
+
+
+def _max_model_len(args: argparse.Namespace, model) -> int:
+    """``--max-model-len``, or the model's context; more than the model allows is an error."""
+    context = _max_context(model)
+    if args.max_model_len is not None and args.max_model_len > context:
+        raise CliError(
+            f"--max-model-len {args.max_model_len} exceeds the {context}-token context of "
+            f"{args.model}; use at most {context}"
+        )
+    return args.max_model_len or context
+
+
+def _fit_requests(
+    args: argparse.Namespace, requests: list[Request], max_model_len: int, vocab_size: int
+) -> tuple[list[Request], str, str]:
+    """Fit lengths (``--fit-lengths``), make up missing token ids, and fold ids
+    outside the vocabulary into it (a seed workload has GPT-2 ids; a tiny model
+    has a small vocab). Returns the requests and a note on each change."""
+    fit_note = "off"
+    if args.fit_lengths != "off":
+        requests, fit_note = workloads.fit_lengths(requests, max_model_len, mode=args.fit_lengths)
+    requests = workloads.with_token_ids(requests, vocab_size=vocab_size, seed=args.seed)
+    num_folded = 0
+    for i, r in enumerate(requests):
+        ids = r.prompt_token_ids or ()
+        if any(t >= vocab_size for t in ids):
+            # NOTE: id % vocab keeps equal prompts (and prefixes) equal.
+            folded = tuple(t % vocab_size for t in ids)
+            requests[i] = dataclasses.replace(r, prompt_token_ids=folded)
+            num_folded += 1
+    vocab_note = (
+        f"token ids of {num_folded} requests folded into the vocab ({vocab_size}) as id % vocab"
+        if num_folded
+        else "none"
+    )
+    return requests, fit_note, vocab_note
 
 
 def _run(args: argparse.Namespace, registry: Registry) -> None:
     device = resolve_device(args.device)
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
+    policy_options(args, registry)  # a bad policy flag fails before the model loads
     requests, workload_name = build_workload(args)
-    model, config, tokenizer = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
-    max_model_len = min(args.max_model_len or _max_context(config), _max_context(config))
-    fit_note = "none"
-    if args.fit_lengths != "off":
-        requests, fit_note = workloads.fit_lengths(requests, max_model_len, mode=args.fit_lengths)
-    requests = workloads.with_token_ids(requests, vocab_size=_vocab(config), seed=args.seed)
+    model, config, _tokenizer = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
+    max_model_len = _max_model_len(args, model)
+    requests, fit_note, vocab_note = _fit_requests(args, requests, max_model_len, _vocab(config))
+    max_seqs_blocks = args.max_num_seqs * -(-max_model_len // args.block_size)
+    kv_bytes = _kv_bytes_per_token(config, dtype)
     sched_config = scheduler_config(
         args,
         registry,
-        num_kv_blocks=default_num_kv_blocks(args, _kv_bytes_per_token(config, dtype), device),
+        num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
         max_model_len=max_model_len,
     )
     runner = ModelRunner(
@@ -160,9 +215,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     )
     engine = Engine(runner, sched_config, registry, seed=args.seed)
     result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
-    records = result.records
-    if args.save_token_ids:
-        records = _with_token_ids(result)
+    records = _with_token_ids(result) if args.save_token_ids else result.records
     extra = {
         "backend": "executor",
         "policy": result.policy,
@@ -172,6 +225,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "dtype": str(dtype).removeprefix("torch."),
         "attention_backend": runner.attention_backend,
         "fit_lengths": fit_note,
+        "token_ids": vocab_note,
         "num_kv_blocks": sched_config.num_kv_blocks,
         "block_size": sched_config.block_size,
         "max_num_seqs": sched_config.max_num_seqs,

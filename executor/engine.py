@@ -28,8 +28,14 @@ from roseinfer.sequence import Sequence as Seq
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work so a clock read covers it (no-op on CPU)."""
+    if device.type == "cpu":
+        return
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        return
+    backend = getattr(torch, device.type, None)  # e.g. torch.mps, torch.xpu
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize()
 
 
 @dataclass(slots=True)
@@ -84,7 +90,8 @@ class Engine:
         clock: seconds since an arbitrary origin (``time.perf_counter``).
 
     Raises:
-        ValueError: if the runner's KV pool does not match the config.
+        ValueError: if the runner's KV pool does not match the config, or
+            ``config.max_model_len`` exceeds the model's context.
     """
 
     def __init__(
@@ -102,6 +109,12 @@ class Engine:
                 f"runner KV pool ({runner.num_kv_blocks} x {runner.block_size}) differs from "
                 f"the scheduler config ({config.num_kv_blocks} x {config.block_size})"
             )
+        max_context = runner.shape.max_context_tokens
+        if max_context is not None and config.max_model_len > max_context:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the {max_context} tokens the "
+                "model can attend over; lower max_model_len"
+            )
         registry = registry if registry is not None else load_registry()
         self.runner = runner
         self.policy = registry.make(config.policy, config.loop_order, config.options)
@@ -118,8 +131,49 @@ class Engine:
         return self._clock() - self.t0
 
     def add_request(self, request: Request) -> Seq:
-        """Submit a request at the current time (may be rejected at once)."""
+        """Submit a request at the current time (may be rejected at once).
+
+        Raises:
+            ValueError: see :meth:`check_request`, or a duplicate request id.
+        """
+        self.check_request(request)
         return self.scheduler.add_request(request, self.now())
+
+    def abort(self, request_id: str) -> bool:
+        """End a waiting or running request now (frees its KV blocks).
+
+        Returns:
+            False if the request is unknown or already ended.
+        """
+        seq = self.scheduler.get(request_id)
+        if seq is None or not self.scheduler.abort(request_id, self.now()):
+            return False
+        self._seq_generators.pop(seq.seq_id, None)
+        return True
+
+    def check_request(self, request: Request) -> None:
+        """Check that the model can run ``request`` before it is scheduled.
+
+        A bad request found inside a step would leave the scheduler holding
+        half-admitted state; here it is refused with a clear message.
+
+        Raises:
+            ValueError: if it has no prompt token ids (a length-only trace needs
+                ``roseinfer.workloads.with_token_ids``) or an id outside the vocab.
+        """
+        ids = request.prompt_token_ids
+        if ids is None:
+            raise ValueError(
+                f"request {request.request_id!r} has no prompt token ids; the executor "
+                "needs them (roseinfer.workloads.with_token_ids makes them up for a trace)"
+            )
+        vocab = self.runner.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {request.request_id!r} has prompt token id {bad} outside the "
+                f"model's vocabulary [0, {vocab})"
+            )
 
     def step(self) -> tuple[SchedulerOutput, list[Seq]]:
         """Run one step. Returns the output and the requests that finished.
@@ -193,35 +247,42 @@ class Engine:
         progress: Callable[[int], None] | None = None,
     ) -> RunResult:
         """Replay ``requests`` open-loop: each is released at its arrival time on
-        the real clock (the engine's t=0 is the first arrival), then run to the end.
+        the real clock (the engine's t=0 is the start of the run), then run to the end.
+
+        Arrivals are seen between steps: a request is submitted (with its trace
+        arrival time) at the first step boundary after it arrived.
 
         Args:
             progress: called with the number of requests that ended in each step.
 
         Raises:
+            ValueError: if a request cannot run on this model (:meth:`check_request`);
+                checked for all requests before the first step.
+            RuntimeError: if this engine already has requests (one run per engine).
             PolicyError: if the policy stalls the run or answers invalidly.
         """
+        if self.scheduler.seqs:
+            raise RuntimeError("Engine.run replays a whole workload once; make a new Engine")
         start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
+        for request in reqs:
+            self.check_request(request)
         self.t0 = self._clock()
         i = 0
         while i < len(reqs) or self.scheduler.has_unfinished():
-            now = self.now()
-            while i < len(reqs) and reqs[i].arrival_time_s <= now:
-                seq = self.scheduler.add_request(reqs[i], reqs[i].arrival_time_s)
-                if seq.is_done and progress is not None:
-                    progress(1)
-                i += 1
+            i = self._submit_arrived(reqs, i, progress)
             out, finished = self.step()
             if progress is not None and finished:
                 progress(len(finished))
-            if out.is_empty:
-                if i >= len(reqs):
-                    raise PolicyError(
-                        f"policy {self.scheduler.policy_name!r} admitted nothing with "
-                        f"{len(self.scheduler.waiting)} waiting and nothing running"
-                    )
+            if not out.is_empty:
+                continue
+            if i < len(reqs):  # idle (or the policy waits): sleep towards the next arrival
                 time.sleep(max(0.0, min(reqs[i].arrival_time_s - self.now(), 0.05)))
+            elif self.scheduler.has_unfinished():
+                raise PolicyError(
+                    f"policy {self.scheduler.policy_name!r} admitted nothing with "
+                    f"{len(self.scheduler.waiting)} waiting and nothing running"
+                )
         self.scheduler.check_invariants()
         return RunResult(
             records=records_frame(self.scheduler),
@@ -230,3 +291,15 @@ class Engine:
             wall_s=time.perf_counter() - start,
             timings=self.timings,
         )
+
+    def _submit_arrived(
+        self, reqs: Sequence[Request], i: int, progress: Callable[[int], None] | None
+    ) -> int:
+        """Submit ``reqs[i:]`` that have arrived by now; returns the next index."""
+        now = self.now()
+        while i < len(reqs) and reqs[i].arrival_time_s <= now:
+            seq = self.scheduler.add_request(reqs[i], reqs[i].arrival_time_s)
+            if seq.is_done and progress is not None:
+                progress(1)  # rejected at once
+            i += 1
+        return i

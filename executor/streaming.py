@@ -14,11 +14,12 @@ import itertools
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.executor.detokenizer import IncrementalDetokenizer
 from roseinfer.executor.engine import Engine
+from roseinfer.interface import PolicyError
 from roseinfer.request import Request, SamplingParams
 from roseinfer.sequence import Sequence as Seq
 
@@ -45,14 +46,30 @@ class StreamOutput:
 
 @dataclass(frozen=True, slots=True)
 class _End:
-    """End of a stream: normal (error None), aborted, or a worker fault."""
+    """End of a stream: normal (``error`` None, also after an abort), or the
+    exception class the consumer raises, with its message and cause."""
 
-    error: BaseException | None = None
+    error: type[Exception] | None = None
     reason: str = ""
+    cause: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    """A client's abort, queued behind the requests it may refer to."""
+
+    request_id: str
 
 
 class EngineClosedError(RuntimeError):
-    """The streaming engine was closed (or failed) before the request ended."""
+    """The streaming engine was closed (or failed) before the request ended.
+
+    After a worker fault, ``__cause__`` is the worker's exception.
+    """
+
+
+class RequestRejectedError(ValueError):
+    """The scheduler refused the request (e.g. longer than ``max_model_len``)."""
 
 
 class StreamingEngine:
@@ -68,8 +85,9 @@ class StreamingEngine:
         self.engine = engine
         self.tokenizer = tokenizer
         self._idle_wait_s = idle_wait_s
-        self._pending: queue.SimpleQueue[Request] = queue.SimpleQueue()
-        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        # NOTE: one queue for requests and aborts keeps their order: an abort
+        # sent right after add_request is never seen before its request.
+        self._commands: queue.SimpleQueue[Request | _Abort] = queue.SimpleQueue()
         self._streams: dict[str, queue.SimpleQueue[StreamOutput | _End]] = {}
         self._detoks: dict[str, IncrementalDetokenizer] = {}
         self._lock = threading.Lock()
@@ -77,6 +95,7 @@ class StreamingEngine:
         self._running = True
         self._error: BaseException | None = None
         self._ids = itertools.count()
+        self._used_ids: set[str] = set()
         self._worker = threading.Thread(target=self._loop, name="roseinfer-worker", daemon=True)
         self._worker.start()
 
@@ -91,36 +110,45 @@ class StreamingEngine:
     ) -> str:
         """Enqueue a request and return its id at once (no model work here).
 
+        Its arrival time is now on the engine clock; the worker admits it.
+
         Args:
             prompt: text (needs a tokenizer) or token ids.
             max_tokens: most output tokens.
             sampling: defaults to greedy, stopping at the tokenizer's EOS if known.
 
         Raises:
-            EngineClosedError: after :meth:`close` or a worker fault.
-            ValueError: on a text prompt without a tokenizer, or a bad length.
+            EngineClosedError: after :meth:`close` or a worker fault (the fault is
+                the cause).
+            ValueError: on a text prompt without a tokenizer, an empty prompt, a
+                non-positive ``max_tokens``, ids the model cannot take, or an id in use.
         """
         ids = self._encode(prompt)
         sampling = sampling if sampling is not None else self._default_sampling()
         with self._lock:
             if not self._running:
                 raise EngineClosedError("the streaming engine is closed") from self._error
-            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            if rid in self._streams:
+            rid = request_id if request_id is not None else self._new_id()
+            if rid in self._used_ids:  # NOTE: ids stay taken: the scheduler keeps every request
                 raise ValueError(f"request id {rid!r} is already in use")
-            request = Request(rid, 0.0, len(ids), max_tokens, tuple(ids), sampling=sampling)
+            request = Request(
+                rid, self.engine.now(), len(ids), max_tokens, tuple(ids), sampling=sampling
+            )
+            self.engine.check_request(request)
+            self._used_ids.add(rid)
             self._streams[rid] = queue.SimpleQueue()
             if self.tokenizer is not None:
                 self._detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids)
-        self._pending.put(request)
+            self._commands.put(request)
         self._wakeup.set()
         return rid
 
     def stream(self, request_id: str, timeout_s: float | None = None) -> Iterator[StreamOutput]:
-        """Yield the request's tokens until it ends.
+        """Yield the request's tokens until it ends (or is aborted).
 
         Raises:
-            KeyError: for an unknown id.
+            KeyError: for an unknown id (or a stream already read to its end).
+            RequestRejectedError: if the scheduler refused the request.
             EngineClosedError: if the engine closed or the worker failed first
                 (the worker's exception is the cause).
             queue.Empty: if ``timeout_s`` passes with no token.
@@ -133,7 +161,7 @@ class StreamingEngine:
                 with self._lock:
                     self._streams.pop(request_id, None)
                 if item.error is not None:
-                    raise EngineClosedError(item.reason) from item.error
+                    raise item.error(item.reason) from item.cause
                 return
             yield item
 
@@ -142,12 +170,14 @@ class StreamingEngine:
         return list(self.stream(self.add_request(prompt, **kwargs)))
 
     def abort(self, request_id: str) -> None:
-        """End a request early; its stream ends and its KV blocks are freed."""
-        self._aborts.put(request_id)
+        """End a request early, admitted or not; its stream ends (no error) and its
+        KV blocks are freed. Unknown or ended requests are ignored."""
+        self._commands.put(_Abort(request_id))
         self._wakeup.set()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the worker; every open stream ends (requests not finished are aborted)."""
+        """Stop the worker. Streams of requests not finished end with
+        :class:`EngineClosedError`; those requests are aborted (blocks freed)."""
         with self._lock:
             self._running = False
         self._wakeup.set()
@@ -158,6 +188,13 @@ class StreamingEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _new_id(self) -> str:
+        """The next free ``req-N`` id (call with the lock held)."""
+        rid = f"req-{next(self._ids)}"
+        while rid in self._used_ids:
+            rid = f"req-{next(self._ids)}"
+        return rid
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -176,46 +213,49 @@ class StreamingEngine:
     def _loop(self) -> None:
         try:
             while self._is_running():
-                self._admit_pending()
-                self._apply_aborts()
+                self._apply_commands()
                 if self.engine.scheduler.has_unfinished():
-                    out, _ = self.engine.step()
-                    self._emit([p.seq for p in out.prefills] if out.prefills else out.decodes)
+                    self._step()
                 else:
                     self._wakeup.wait(self._idle_wait_s)
                     self._wakeup.clear()
-            self._admit_pending()
-            self._end_all(_End(EngineClosedError("closed"), "engine closed"), "closed")
+            self._apply_commands()
         except BaseException as err:  # noqa: BLE001 - every stream must learn of it
-            self._error = err
             with self._lock:
                 self._running = False
-            self._end_all(_End(err, f"worker failed: {err!r}"), "worker fault")
+                self._error = err
+            self._end_all(_End(EngineClosedError, f"worker failed: {err!r}", err))
+            return
+        self._end_all(_End(EngineClosedError, "the streaming engine was closed"))
 
     def _is_running(self) -> bool:
         with self._lock:
             return self._running
 
-    def _admit_pending(self) -> None:
+    def _apply_commands(self) -> None:
         engine = self.engine
         while True:
             try:
-                request = self._pending.get_nowait()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            request = replace(request, arrival_time_s=engine.now())
-            seq = engine.scheduler.add_request(request, request.arrival_time_s)
+            if isinstance(command, _Abort):
+                if engine.abort(command.request_id):
+                    self._send(command.request_id, _End())
+                continue
+            seq = engine.scheduler.add_request(command, command.arrival_time_s)
             if seq.is_done:  # rejected at once
-                self._send(seq.request_id, _End(ValueError(seq.reject_reason), seq.reject_reason))
+                self._send(seq.request_id, _End(RequestRejectedError, seq.reject_reason))
 
-    def _apply_aborts(self) -> None:
-        while True:
-            try:
-                rid = self._aborts.get_nowait()
-            except queue.Empty:
-                return
-            if self.engine.scheduler.abort(rid, self.engine.now()):
-                self._send(rid, _End())
+    def _step(self) -> None:
+        out, _ = self.engine.step()
+        if out.is_empty:  # nothing runs and the policy admits nothing: it never will
+            sched = self.engine.scheduler
+            raise PolicyError(
+                f"policy {sched.policy_name!r} admitted nothing with "
+                f"{len(sched.waiting)} waiting and nothing running"
+            )
+        self._emit([p.seq for p in out.prefills] if out.prefills else out.decodes)
 
     def _emit(self, seqs: Sequence[Seq]) -> None:
         end_s = self.engine.scheduler.step_end_s[-1]
@@ -239,13 +279,16 @@ class StreamingEngine:
         if q is not None:
             q.put(item)
 
-    def _end_all(self, end: _End, reason: str) -> None:
-        """Abort whatever is unfinished (frees its blocks) and end every stream."""
-        sched = self.engine.scheduler
-        now = self.engine.now()
-        for seq in [*sched.waiting, *sched.running]:
-            sched.abort(seq.request_id, now)
-        with self._lock:
-            streams = list(self._streams.items())
-        for _, q in streams:
-            q.put(end)
+    def _end_all(self, end: _End) -> None:
+        """Abort whatever is unfinished (frees its blocks), then end every open
+        stream, even if the scheduler is broken."""
+        try:
+            sched = self.engine.scheduler
+            for seq in [*sched.waiting, *sched.running]:
+                self.engine.abort(seq.request_id)
+        finally:
+            with self._lock:
+                streams = list(self._streams.values())
+                self._detoks.clear()
+            for q in streams:
+                q.put(end)

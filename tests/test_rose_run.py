@@ -1,0 +1,193 @@
+"""``rose-run`` end to end on tiny models: result files and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import GenerationConfig  # noqa: E402
+
+from roseinfer.executor import cli  # noqa: E402
+from roseinfer.executor.models import build_model  # noqa: E402
+
+torch.set_num_threads(1)
+
+VLLM_KEYS = [
+    "completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "p99_itl_ms", "p99_tpot_ms", "p99_e2el_ms",
+    "num_requests", "rejected", "preemptions", "prefix_cache_hit_rate", "policy", "fit_lengths",
+]  # fmt: skip
+
+
+def rose_run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run ``rose-run`` in this process; returns (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["rose-run", *args])
+    try:
+        code = cli.main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rose-run: error: "), err
+    return lines[0]
+
+
+def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
+    config = GenerationConfig(
+        max_new_tokens=num_tokens,
+        min_new_tokens=num_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    ids = torch.tensor([prompt])
+    # NOTE: an explicit mask, else generate() masks prompt tokens equal to pad_token_id (0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[0, len(prompt) :].tolist()
+
+
+# -------------------------------------------------------------------- runs
+
+
+def test_seed_workload_writes_result_and_records_with_token_ids(monkeypatch, capsys, tmp_path):
+    result_path, records_path = tmp_path / "x.json", tmp_path / "y.csv"
+    code, out, err = rose_run(
+        monkeypatch, capsys,
+        "--model", "tiny-gpt2", "--device", "cpu", "--workload", "seed-031",
+        "--num-requests", "8", "--save-result", str(result_path),
+        "--save-records", str(records_path), "--save-token-ids", "--quiet", "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out == "" and err == ""  # --quiet --no-progress
+    result = json.loads(result_path.read_text())
+    assert [k for k in VLLM_KEYS if k not in result] == []
+    assert result["num_requests"] == 8 and result["completed"] + result["rejected"] == 8
+    assert result["completed"] == 8 and result["backend"] == "executor"
+    assert result["policy"] == "fifo+prefill-first" and result["device"] == "cpu"
+    assert result["fit_lengths"].startswith("all 8 requests fit")
+    assert "folded into the vocab (1000)" in result["token_ids"]  # GPT-2 ids, tiny vocab
+    assert result["duration"] >= 0.14  # arrivals 20 ms apart, replayed on the real clock
+    assert result["num_kv_blocks"] == 256 * 256 // 16  # capped: max_num_seqs full-length requests
+
+    records = pd.read_csv(records_path)
+    assert len(records) == 8 and set(records["status"]) == {"finished"}
+    prompts = [json.loads(p) for p in records["prompt_token_ids"]]
+    outputs = [json.loads(o) for o in records["output_token_ids"]]
+    assert [len(p) for p in prompts] == list(records["num_prompt_tokens"])
+    assert [len(o) for o in outputs] == list(records["num_output_tokens"]) == [32] * 8
+    assert max(max(p) for p in prompts) < 1000
+    # The CLI's model (seed 0, default init) gives generate()'s tokens.
+    model, _, _ = build_model("tiny-gpt2", seed=0, dtype=torch.float32, device="cpu")
+    for i in (0, 3):
+        assert outputs[i] == hf_greedy(model, prompts[i], 32)
+
+
+def test_default_trace_scaled_to_max_model_len(monkeypatch, capsys, tmp_path):
+    result_path = tmp_path / "r.json"
+    code, out, err = rose_run(
+        monkeypatch, capsys,
+        "--model", "tiny-gpt2", "--device", "cpu", "--num-requests", "6",
+        "--fit-lengths", "scale", "--max-model-len", "128", "--request-rate", "inf",
+        "--policy", "budget", "--prefill-max-tokens", "64", "--no-progress",
+        "--save-result", str(result_path),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "rose-run: budget+prefill-first" in out and "TTFT" in out
+    result = json.loads(result_path.read_text())
+    assert [k for k in VLLM_KEYS if k not in result] == []
+    assert result["completed"] == 6 and result["rejected"] == 0
+    assert result["fit_lengths"].startswith("scaled") and result["max_model_len"] == 128
+    assert result["workload"].startswith("azure_conv") and result["token_ids"] == "none"
+    assert result["total_token_throughput"] > result["output_throughput"] > 0
+
+
+def test_list_policies(monkeypatch, capsys):
+    code, out, _ = rose_run(monkeypatch, capsys, "--list-policies")
+    assert code == 0 and "pack" in out and "decode-first" in out and "force-fifo" in out
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_unknown_model_is_one_error_line(monkeypatch, capsys):
+    code, _, err = rose_run(monkeypatch, capsys, "--model", "no-such-model", "--device", "cpu")
+    assert code == 2
+    assert "unknown model 'no-such-model'" in one_error_line(err) and "tiny-llama" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_without_cuda_is_one_error_line(monkeypatch, capsys):
+    code, _, err = rose_run(monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cuda")
+    assert code == 2 and "no CUDA device" in one_error_line(err)
+
+
+def test_unknown_policy_lists_known_ones_before_loading_the_model(monkeypatch, capsys):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the flags were checked")
+
+    monkeypatch.setattr(cli, "build_model", no_model)
+    code, _, err = rose_run(monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "lifo")
+    assert code == 2
+    assert "unknown policy 'lifo'" in one_error_line(err) and "budget, fifo, pack" in err
+    code, _, err = rose_run(
+        monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "fifo", "--prefill-max-tokens", "9"
+    )
+    assert code == 2 and "ignores --prefill-max-tokens" in one_error_line(err)
+
+
+def test_bad_values_are_one_error_line(monkeypatch, capsys):
+    code, _, err = rose_run(
+        monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu", "--max-model-len", "1024"
+    )
+    assert code == 2 and "exceeds the 256-token context" in one_error_line(err)
+    code, _, err = rose_run(monkeypatch, capsys, "--device", "tpu:x")
+    assert code == 2 and "unknown --device" in one_error_line(err)
+
+
+def test_console_script_exits_2_with_one_line():
+    script = Path(sys.executable).with_name("rose-run")
+    if not script.exists():
+        pytest.skip("rose-run is not installed next to this interpreter")
+    proc = subprocess.run(
+        [str(script), "--model", "tiny-gpt2", "--policy", "lifo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2 and "unknown policy 'lifo'" in one_error_line(proc.stderr)
+
+
+# -------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_run_on_tiny_llama(monkeypatch, capsys, tmp_path):
+    result_path, records_path = tmp_path / "cuda.json", tmp_path / "cuda.csv"
+    code, _, err = rose_run(
+        monkeypatch, capsys,
+        "--model", "tiny-llama", "--device", "cuda", "--workload", "seed-004-prefix-shared",
+        "--num-requests", "8", "--save-result", str(result_path),
+        "--save-records", str(records_path), "--save-token-ids", "--quiet", "--no-progress",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(result_path.read_text())
+    assert result["device"].startswith("cuda") and result["dtype"] == "bfloat16"
+    assert result["completed"] == 8 and result["prefix_cache_hit_rate"] > 0
+    assert result["num_kv_blocks"] <= 256 * 512 // 16  # capped, not 90% of the GPU
+    records = pd.read_csv(records_path)
+    assert [len(json.loads(o)) for o in records["output_token_ids"]] == [8] * 8
