@@ -1,0 +1,424 @@
+"""Offline throughput: roseinfer's Engine vs Hugging Face transformers, same machine.
+
+What it measures: output tokens per second (useful tokens only: each request's
+own output length) for one workload, model and device, on three systems:
+
+* ``roseinfer``: :class:`roseinfer.executor.engine.Engine` (shared scheduler,
+  FIFO, prefill-first, paged KV cache, continuous batching), every request
+  submitted at t=0, ``max_num_seqs`` = all of them.
+* ``hf-static-B``: ``model.generate()`` on batches of up to B prompts in
+  arrival order (a batch is cut early where its padded prompt plus its longest
+  output would pass GPT-2's 1024 positions), left-padded, greedy, ``min_new_tokens = max_new_tokens`` = the
+  longest output in the batch, EOS disabled. A batch runs until its longest
+  request is done (the waste continuous batching removes); only each request's
+  own output tokens count. Each B in ``--static-batch-sizes`` is one row; the
+  best is the static baseline.
+* ``hf-cb``: transformers' own continuous batching (the manager behind
+  ``model.generate_batch``), with each request's own ``max_new_tokens`` and
+  EOS disabled, so it does exactly the useful work. (``generate_batch`` takes
+  one ``max_new_tokens`` for all requests, so it would pad outputs like static
+  batching; the script calls it once on a tiny batch to show it runs here.)
+
+Model: GPT-2 124M shapes with random weights (``build_model('gpt2')``: the
+same compute as the real GPT-2), float32, CPU by default, the *same* model
+object for every system. Workload: a slice of the embedded Azure conv 2023
+trace, lengths fitted to GPT-2's 1024-token context (``fit_lengths``, clip by
+default), all arriving at t=0 (offline throughput); ``--seed-027`` adds the
+seed-027 burst (32 x 4-token prompts, 8 output tokens).
+
+How: the model is built once; every system first runs a small warm-up; then
+``--repeats`` rounds run every system once each, the order alternating between
+rounds (ABC, CBA, ...) so slow drift on the shared machine hits all sides
+alike. The figure per system is the median over rounds; the headline is
+``roseinfer / best HF``. torch intra-op threads are set once (``--threads``,
+default 2) for all systems. Greedy outputs are compared to hf-cb as a sanity
+check (random GPT-2 weights, so the count is a rough check only).
+
+    python benchmarks/executor_vs_hf.py            # 16 requests, ~4 min on 2 shared cores
+    python benchmarks/executor_vs_hf.py --quick    # < 1 minute
+    python benchmarks/executor_vs_hf.py --num-requests 32 --static-batch-sizes 8,16 --seed-027
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch loads libgomp: see _common.OMP_NOTE (spinning OpenMP workers on a shared CPU).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from _common import (
+    GPT2_CONTEXT,
+    blocks_needed,
+    describe,
+    machine_line,
+    set_threads,
+    table,
+    trace_slice,
+)
+
+from roseinfer import workloads
+from roseinfer.config import SchedulerConfig
+from roseinfer.executor.engine import Engine
+from roseinfer.executor.model_runner import ModelRunner
+from roseinfer.executor.models import build_model
+from roseinfer.request import Request
+
+PAD_ID = 0
+SYSTEMS = ("roseinfer", "hf-static", "hf-cb")
+BLOCK_SIZE = 16
+
+
+@dataclass
+class Result:
+    """One timed run of one system."""
+
+    wall_s: float
+    useful_tokens: int
+    computed_tokens: int  # output tokens the system actually generated (incl. padding waste)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.useful_tokens / self.wall_s
+
+
+# ------------------------------------------------------------------ roseinfer
+class Rose:
+    """Engine with one ModelRunner (KV pool allocated once, a fresh Engine per run)."""
+
+    def __init__(self, model, reqs: Sequence[Request], device: torch.device, dtype) -> None:
+        self.num_blocks = blocks_needed(reqs, BLOCK_SIZE)
+        self.runner = ModelRunner(
+            model, num_kv_blocks=self.num_blocks, block_size=BLOCK_SIZE, device=device, dtype=dtype
+        )
+        self.config = SchedulerConfig(
+            num_kv_blocks=self.num_blocks,
+            block_size=BLOCK_SIZE,
+            max_num_seqs=max(len(reqs), 1),
+            max_model_len=GPT2_CONTEXT,
+        )
+
+    def run(self, reqs: Sequence[Request]) -> Result:
+        engine = Engine(self.runner, self.config, seed=0)
+        t0 = time.perf_counter()
+        res = engine.run(reqs)
+        wall = time.perf_counter() - t0
+        outs = {s.request_id: list(s.output_token_ids) for s in res.scheduler.seqs}
+        n = sum(len(v) for v in outs.values())
+        return Result(wall, n, n, outs)
+
+
+# -------------------------------------------------------- HF static generate
+def static_batches(
+    reqs: Sequence[Request], batch_size: int, max_len: int = GPT2_CONTEXT
+) -> list[list[Request]]:
+    """Arrival-order batches of up to ``batch_size`` requests. A batch pads every
+    prompt to its longest and runs every request to its longest output, so it
+    must also satisfy ``max prompt + max output <= max_len`` (GPT-2 has 1024
+    positions); a request that would break that starts the next batch."""
+    batches: list[list[Request]] = []
+    cur: list[Request] = []
+    for r in reqs:
+        width = max([r.num_prompt_tokens] + [q.num_prompt_tokens for q in cur])
+        new = max([r.max_output_tokens] + [q.max_output_tokens for q in cur])
+        if cur and (len(cur) == batch_size or width + new > max_len):
+            batches.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def hf_static(model, reqs: Sequence[Request], batch_size: int, device: torch.device) -> Result:
+    """``generate()`` per batch (:func:`static_batches`), left-padded, greedy."""
+    from transformers import GenerationConfig
+
+    outs: dict[str, list[int]] = {}
+    computed = 0
+    t0 = time.perf_counter()
+    for batch in static_batches(reqs, batch_size):
+        width = max(r.num_prompt_tokens for r in batch)
+        new = max(r.max_output_tokens for r in batch)
+        ids = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, width - r.num_prompt_tokens :] = torch.tensor(r.prompt_token_ids)
+            mask[i, width - r.num_prompt_tokens :] = 1
+        gc = GenerationConfig(
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=PAD_ID,
+        )
+        with torch.inference_mode():
+            seqs = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gc
+            )
+        gen = seqs[:, width:].tolist()
+        computed += len(batch) * new
+        for r, row in zip(batch, gen):
+            outs[r.request_id] = row[: r.max_output_tokens]
+    wall = time.perf_counter() - t0
+    return Result(wall, sum(len(v) for v in outs.values()), computed, outs)
+
+
+# ------------------------------------------------------ HF continuous batching
+def hf_cb_config(reqs: Sequence[Request], page_size: int, max_batch_tokens: int | None):
+    from transformers import ContinuousBatchingConfig
+
+    blocks = sum(-(-(r.num_prompt_tokens + r.max_output_tokens) // page_size) + 1 for r in reqs)
+    return ContinuousBatchingConfig(
+        page_size=page_size,
+        num_blocks=blocks,
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=max(len(reqs), 1),
+        seed=0,
+    )
+
+
+def hf_cb(model, reqs: Sequence[Request], cb_config) -> Result:
+    """transformers' continuous batching manager, per-request max_new_tokens, EOS off."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=PAD_ID, max_new_tokens=1)
+    manager = model.init_continuous_batching(
+        generation_config=gc, continuous_batching_config=cb_config
+    )
+    manager.start()
+    outs: dict[str, list[int]] = {}
+    try:
+        t0 = time.perf_counter()
+        for r in reqs:
+            manager.add_request(
+                list(r.prompt_token_ids),
+                request_id=r.request_id,
+                max_new_tokens=r.max_output_tokens,
+                eos_token_id=-1,
+            )
+        while len(outs) < len(reqs):
+            res = manager.get_result(timeout=1)
+            if res is None:
+                if not manager.is_running():
+                    raise RuntimeError("transformers continuous batching thread stopped early")
+                continue
+            if res.is_finished():
+                if res.error is not None:
+                    raise RuntimeError(f"hf-cb request {res.request_id} failed: {res.error}")
+                outs[res.request_id] = list(res.generated_tokens)
+        wall = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True, timeout=30)
+        manager.destroy()
+    n = sum(len(v) for v in outs.values())
+    return Result(wall, n, n, outs)
+
+
+def check_generate_batch(model) -> str:
+    """Does ``model.generate_batch`` run here? One tiny call; returns a short verdict."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=PAD_ID)
+    try:
+        out = model.generate_batch([[1, 2, 3, 4], [5, 6, 7]], generation_config=gc)
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return f"generate_batch FAILED: {type(e).__name__}: {e}"
+    lens = [len(v.generated_tokens) for v in out.values()]
+    ok = len(out) == 2 and all(n == 4 for n in lens)
+    return f"generate_batch runs on this device: {'yes' if ok else 'partly'} (tokens {lens})"
+
+
+# ------------------------------------------------------------------ driver
+def seed_027_burst() -> tuple[list[Request], str]:
+    reqs = workloads.seed_workload("027")
+    return reqs, describe(reqs, "seed 027 burst: 32 unique 4-token prompts, 8 output tokens, t=0")
+
+
+def bench_workload(
+    name: str,
+    reqs: list[Request],
+    model,
+    args: argparse.Namespace,
+    device: torch.device,
+    dtype,
+) -> list[list[object]]:
+    """All systems on one workload; prints and returns its table rows."""
+    rose = Rose(model, reqs, device, dtype)
+    cb_config = hf_cb_config(reqs, args.hf_page_size, args.hf_max_batch_tokens)
+    systems: dict[str, Callable[[], Result]] = {}
+    if "roseinfer" in args.systems:
+        systems["roseinfer"] = lambda: rose.run(reqs)
+    if "hf-static" in args.systems:
+        for b in args.static_batch_sizes:
+            bb = min(b, len(reqs))
+            n = len(static_batches(reqs, bb))
+            systems[f"hf-static-B{bb} ({n} batches)"] = lambda bb=bb: hf_static(
+                model, reqs, bb, device
+            )
+    if "hf-cb" in args.systems:
+        systems["hf-cb"] = lambda: hf_cb(model, reqs, cb_config)
+
+    # warm-up: a few short requests through every system (one-time allocations, caches)
+    warm = [Request(f"warm-{i}", 0.0, 16, 4, tuple(range(100 + i, 116 + i))) for i in range(4)]
+    Rose(model, warm, device, dtype).run(warm)
+    hf_static(model, warm, 4, device)
+    if "hf-cb" in args.systems:
+        hf_cb(model, warm, hf_cb_config(warm, args.hf_page_size, args.hf_max_batch_tokens))
+
+    results: dict[str, list[Result]] = {k: [] for k in systems}
+    names = list(systems)
+    for rep in range(args.repeats):
+        order = names if rep % 2 == 0 else names[::-1]
+        for key in order:
+            r = systems[key]()
+            results[key].append(r)
+            print(
+                f"  [{name}] round {rep + 1}/{args.repeats} {key:>16}: {r.wall_s:7.2f} s, "
+                f"{r.tok_s:8.1f} out tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    med = {k: statistics.median(r.tok_s for r in v) for k, v in results.items()}
+    hf_keys = [k for k in med if k != "roseinfer"]
+    best_hf = max(hf_keys, key=med.__getitem__) if hf_keys else None
+    ref = results.get("hf-cb", [None])[0]
+    rows = []
+    for key, runs in results.items():
+        r0 = runs[0]
+        walls = [r.wall_s for r in runs]
+        same = "-"
+        if ref is not None and key != "hf-cb":
+            same = (
+                f"{sum(r0.outputs.get(i) == o for i, o in ref.outputs.items())}/{len(ref.outputs)}"
+            )
+        rows.append(
+            [
+                name,
+                key,
+                f"{statistics.median(walls):.2f}",
+                f"{min(walls):.2f}-{max(walls):.2f}",
+                r0.useful_tokens,
+                r0.computed_tokens,
+                f"{med[key]:.1f}",
+                f"{med['roseinfer'] / med[key]:.2f}" if "roseinfer" in med else "-",
+                same,
+            ]
+        )
+    if best_hf is not None and "roseinfer" in med:
+        ratio = med["roseinfer"] / med[best_hf]
+        verdict = "meets" if ratio >= 2.0 else "BELOW"
+        print(
+            f"\n[{name}] roseinfer / best HF ({best_hf}) = {ratio:.2f}x ({verdict} the 2x target)",
+            flush=True,
+        )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--num-requests", type=int, default=16, help="trace requests")
+    parser.add_argument("--skip", type=int, default=0, help="trace rows to skip first")
+    parser.add_argument("--fit", choices=["clip", "scale"], default="clip", help="fit_lengths mode")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=GPT2_CONTEXT,
+        help="fit prompt + output to this many tokens (GPT-2 allows 1024)",
+    )
+    parser.add_argument(
+        "--static-batch-sizes",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[8],
+        help="comma-separated B values for hf-static (capped at the request count; '' = none)",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="rounds (order alternates)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for all")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--seed-027", action="store_true", help="also run the seed-027 burst")
+    parser.add_argument(
+        "--systems",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=list(SYSTEMS),
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    parser.add_argument("--hf-page-size", type=int, default=256, help="hf-cb page size (tokens)")
+    parser.add_argument(
+        "--hf-max-batch-tokens",
+        type=int,
+        default=None,
+        help="hf-cb max_batch_tokens (None: its default)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (< 1 minute): 8 requests scaled to 256 tokens, B=8 only",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_requests, args.fit, args.max_model_len = 8, "scale", 256
+        args.static_batch_sizes, args.repeats = [8], 1
+
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    set_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    model, _cfg, _tok = build_model("gpt2", seed=0, dtype=dtype, device=device)
+
+    print("executor_vs_hf: offline output tokens/s, roseinfer Engine vs transformers")
+    print(machine_line(args.threads))
+    print(f"model: gpt2 124M random weights, {args.dtype}, device {device}, sdpa attention")
+    if "hf-cb" in args.systems:
+        print(check_generate_batch(model))
+
+    loads: list[tuple[str, list[Request], str]] = []
+    reqs, desc = trace_slice(
+        args.num_requests, skip=args.skip, fit=args.fit, max_model_len=args.max_model_len
+    )
+    loads.append(("azure", reqs, desc))
+    if args.seed_027:
+        loads.append(("seed027", *seed_027_burst()))
+    rows = []
+    for name, reqs, desc in loads:
+        print(f"\nworkload {name}: {desc}", flush=True)
+        rows += bench_workload(name, reqs, model, args, device, dtype)
+    print()
+    print(
+        table(
+            [
+                "workload",
+                "system",
+                "wall s (med)",
+                "wall range",
+                "useful out tok",
+                "generated tok",
+                "out tok/s",
+                "rose/this",
+                "same as hf-cb",
+            ],
+            rows,
+        )
+    )
+    print(
+        "\nuseful out tok = sum of each request's own output; generated tok includes the "
+        "static-batching tail waste. rose/this = roseinfer tok/s / this row's tok/s."
+    )
+
+
+if __name__ == "__main__":
+    main()
