@@ -75,6 +75,22 @@ class _Prefill:
 
 
 @dataclass(slots=True)
+class _DecodeGroup:
+    """One SDPA call over decodes of similar context length.
+
+    Attributes:
+        token_indices: ``[n]`` packed index of each one-token query.
+        slots: ``[n, max_context]`` slot of each context position (padding points
+            at valid slots and is masked out).
+        mask: ``[n, 1, 1, max_context]`` bool, True = attend.
+    """
+
+    token_indices: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(slots=True)
 class BatchMetadata:
     """Device tensors describing one packed batch (shared by all layers).
 
@@ -84,10 +100,8 @@ class BatchMetadata:
         block_tables: ``[num_seqs, max_blocks]`` int64, padded with block 0.
         context_lens: context length (tokens) per sequence, on the host.
         prefills: sequences with several query tokens.
-        decode_token_indices: ``[num_decodes]`` packed index of each one-token query.
-        decode_slots: ``[num_decodes, max_decode_context]`` slot of each context
-            position (padding points at valid slots and is masked out).
-        decode_mask: ``[num_decodes, 1, 1, max_decode_context]`` bool, True = attend.
+        decode_groups: one-token queries grouped by similar context length, so the
+            padded context gather of each group wastes little (see ``_DecodeGroup``).
         cu_seqlens_q, cu_seqlens_k: ``[num_seqs + 1]`` int32 prefix sums of query
             and context lengths (flash-attn only; else None).
         max_query_len: longest query (new tokens) of any sequence.
@@ -100,9 +114,7 @@ class BatchMetadata:
     block_tables: torch.Tensor
     context_lens: list[int]
     prefills: list[_Prefill] = field(default_factory=list)
-    decode_token_indices: torch.Tensor | None = None
-    decode_slots: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
+    decode_groups: list[_DecodeGroup] = field(default_factory=list)
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
     max_query_len: int = 0
@@ -354,6 +366,9 @@ class _HostBatch:
         meta.block_tables = meta.block_tables.to(torch.int32)
 
 
+MAX_DECODE_PADDING = 1.5  # a decode group's longest context vs its shortest
+
+
 def _add_decode_tensors(
     meta: BatchMetadata,
     rows: list[int],
@@ -361,17 +376,48 @@ def _add_decode_tensors(
     device: torch.device,
     block_size: int,
 ) -> None:
-    """Context slots ``[num_decodes, max_ctx]`` and padding mask of the decode group."""
-    context_lens = [meta.context_lens[i] for i in rows]
+    """Group the decodes by context length (sorted, a new group once the longest
+    would exceed ``MAX_DECODE_PADDING`` x the shortest) so the padded gather of
+    each group reads little more than its real contexts."""
+    order = sorted(range(len(rows)), key=lambda j: meta.context_lens[rows[j]])
+    group: list[int] = []
+    for j in order:
+        if (
+            group
+            and meta.context_lens[rows[j]] > MAX_DECODE_PADDING * meta.context_lens[rows[group[0]]]
+        ):
+            meta.decode_groups.append(
+                _decode_group(meta, rows, token_indices, group, device, block_size)
+            )
+            group = []
+        group.append(j)
+    meta.decode_groups.append(_decode_group(meta, rows, token_indices, group, device, block_size))
+
+
+def _decode_group(
+    meta: BatchMetadata,
+    rows: list[int],
+    token_indices: list[int],
+    members: list[int],
+    device: torch.device,
+    block_size: int,
+) -> _DecodeGroup:
+    """Context slots ``[n, max_ctx]`` and padding mask of one decode group."""
+    context_lens = [meta.context_lens[rows[j]] for j in members]
     max_ctx = max(context_lens)
     offsets = torch.arange(max_ctx, device=device)
-    tables = meta.block_tables[torch.tensor(rows, dtype=torch.long, device=device)]
+    seq_rows = torch.tensor([rows[j] for j in members], dtype=torch.long, device=device)
+    tables = meta.block_tables[seq_rows]
     # Padded offsets read block 0 (padding of the table) or a real block: valid slots, masked.
     block_ids = tables[:, (offsets // block_size).clamp_max(tables.shape[1] - 1)]
-    meta.decode_slots = block_ids * block_size + offsets % block_size
     lens = torch.tensor(context_lens, device=device)
-    meta.decode_mask = (offsets[None, :] < lens[:, None])[:, None, None, :]
-    meta.decode_token_indices = torch.tensor(token_indices, dtype=torch.long, device=device)
+    return _DecodeGroup(
+        token_indices=torch.tensor(
+            [token_indices[j] for j in members], dtype=torch.long, device=device
+        ),
+        slots=block_ids * block_size + offsets % block_size,
+        mask=(offsets[None, :] < lens[:, None])[:, None, None, :],
+    )
 
 
 def _offset_causal_mask(num_query: int, context_len: int, device: torch.device) -> torch.Tensor:
@@ -413,11 +459,11 @@ def _sdpa_attention(
         v = v_cache[blocks].flatten(0, 1)[: p.context_len]
         rows = slice(p.query_start, p.query_start + p.num_query_tokens)
         out[rows] = _sdpa(q[rows].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), p.mask, scale)[0]
-    if meta.decode_token_indices is not None:
-        q_dec = q.index_select(0, meta.decode_token_indices).unsqueeze(1)  # [B, 1, H, D]
-        k, v = k_flat[meta.decode_slots], v_flat[meta.decode_slots]  # [B, ctx, Hkv, D]
-        o = _sdpa(q_dec, k, v, meta.decode_mask, scale)  # [B, 1, H, D]
-        out.index_copy_(0, meta.decode_token_indices, o[:, 0])
+    for group in meta.decode_groups:
+        q_dec = q.index_select(0, group.token_indices).unsqueeze(1)  # [B, 1, H, D]
+        k, v = k_flat[group.slots], v_flat[group.slots]  # [B, ctx, Hkv, D]
+        o = _sdpa(q_dec, k, v, group.mask, scale)  # [B, 1, H, D]
+        out.index_copy_(0, group.token_indices, o[:, 0])
     return out
 
 
