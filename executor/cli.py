@@ -215,7 +215,9 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     )
     engine = Engine(runner, sched_config, registry, seed=args.seed)
     result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
-    records = _with_token_ids(result) if args.save_token_ids else result.records
+    records = result.records
+    if not args.save_token_ids:
+        records = records.drop(columns=["prompt_token_ids", "output_token_ids"])
     extra = {
         "backend": "executor",
         "policy": result.policy,
@@ -233,7 +235,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "max_model_len": max_model_len,
         "kv_pool_peak_utilization": result.scheduler.max_used_blocks / sched_config.num_kv_blocks,
         "peak_memory_gb": _peak_memory_gb(device),
-        "num_steps": len(result.scheduler.step_end_s),
+        "num_steps": result.scheduler.step_log.num_steps,
     }
     title = (
         f"rose-run: {result.policy} | {workload_name} | {args.model} on {device} ({extra['dtype']})"
@@ -250,16 +252,6 @@ def _replay(engine: Engine, requests: list, *, show: bool) -> RunResult:
         total=len(requests), desc="requests", unit="req", disable=not show, file=sys.stderr
     ) as bar:
         return engine.run(requests, progress=bar.update)
-
-
-def _with_token_ids(result: RunResult):  # type: ignore[no-untyped-def]
-    records = result.records.copy()
-    by_id = {s.request_id: s for s in result.scheduler.seqs}
-    records["prompt_token_ids"] = [
-        list(by_id[r].request.prompt_token_ids or ()) for r in records["request_id"]
-    ]
-    records["output_token_ids"] = [list(by_id[r].output_token_ids) for r in records["request_id"]]
-    return records
 
 
 def _peak_memory_gb(device: torch.device) -> float:

@@ -2,7 +2,9 @@
 
 One step is ``schedule -> ModelRunner.forward -> sample -> update``, timed
 with the real clock after a device synchronize, so the step log (and hence
-every request's token times) holds real seconds. The scheduler, its
+every request's token times) holds real seconds. A step may mix prefill chunks
+(any start position, prefix hits included) with decodes in one forward; only
+the requests that reach their last token sample one. The scheduler, its
 ``BlockManager`` and the policies are the same objects the simulator uses;
 the block ids it hands out are indices into the runner's paged KV tensors.
 """
@@ -17,9 +19,9 @@ import pandas as pd
 import torch
 
 from roseinfer.config import SchedulerConfig
+from roseinfer.driver import StepResult, drive
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
-from roseinfer.interface import Phase, PolicyError
-from roseinfer.records import records_frame
+from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
@@ -40,21 +42,23 @@ def synchronize(device: torch.device) -> None:
 
 @dataclass(slots=True)
 class StepTiming:
-    """Wall seconds of the phases of one step (for the overhead benchmark).
+    """Wall seconds of one step's parts (the overhead benchmark, ``rose-run profile``).
 
     Attributes:
-        schedule_s: scheduler planning.
+        host_s: host work between the previous step's forward and this step's
+            input preparation: applying the previous result, releasing arrivals
+            and planning this step (idle waits for arrivals excluded).
         prepare_s: building the runner inputs.
-        forward_s: model forward incl. sampling and device sync.
-        update_s: scheduler bookkeeping after the step.
-        num_seqs: sequences in the step; phase: "prefill" or "decode".
+        forward_s: model forward, sampling and device sync.
+        num_seqs: requests in the step; num_tokens: tokens it computed.
+        phase: the scheduler phase ("prefill", "decode" or "mixed").
     """
 
-    schedule_s: float
+    host_s: float
     prepare_s: float
     forward_s: float
-    update_s: float
     num_seqs: int
+    num_tokens: int
     phase: str
 
 
@@ -71,14 +75,19 @@ class RunResult:
     @property
     def duration_s(self) -> float:
         """Seconds from the first arrival to the last step end."""
-        ends = self.scheduler.step_end_s
-        if not ends or not len(self.records):
+        ends = self.scheduler.step_log.end_s
+        if not len(ends) or not len(self.records):
             return 0.0
-        return ends[-1] - float(self.records["arrival_s"].min())
+        return float(ends[-1]) - float(self.records["arrival_s"].min())
 
 
 class Engine:
-    """Scheduler + model runner, stepped by the caller (offline) or a worker thread.
+    """Scheduler + model runner, stepped by the caller (online) or the drive loop.
+
+    The engine is both the executor's :class:`~roseinfer.driver.Backend` (it runs
+    a scheduler output on the model) and its :class:`~roseinfer.driver.Clock`
+    (the wall clock since the run started, synchronized with the device before
+    every read that ends a step).
 
     Args:
         runner: owns the model and the paged KV cache; its block count must equal
@@ -119,17 +128,33 @@ class Engine:
         self.runner = runner
         self.policy = registry.make(config.policy, config.loop_order, config.options)
         self.scheduler = Scheduler(config, self.policy, self.policy.label)
+        self.records = RecordBuilder(keep_token_ids=True)
         self.generator = torch.Generator(device=runner.device).manual_seed(seed)
         self._seq_generators: dict[int, torch.Generator] = {}
         self.record_timings = record_timings
         self.timings: list[StepTiming] = []
         self._clock = clock
         self.t0 = clock()
+        self._last_end_s: float | None = None
+        self._idle_s = 0.0
 
+    # --------------------------------------------------------------- clock
     def now(self) -> float:
-        """Seconds since the engine started."""
+        """Seconds since the engine (or its run) started."""
+        return self.now_s()
+
+    def now_s(self) -> float:
+        """Seconds since the engine (or its run) started (the Clock protocol)."""
         return self._clock() - self.t0
 
+    def advance_to(self, time_s: float) -> None:
+        """Sleep until ``time_s`` (s on the engine clock), e.g. the next arrival."""
+        wait_s = time_s - self.now_s()
+        if wait_s > 0:
+            time.sleep(wait_s)
+            self._idle_s += wait_s
+
+    # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> Seq:
         """Submit a request at the current time (may be rejected at once).
 
@@ -149,6 +174,7 @@ class Engine:
         if seq is None or not self.scheduler.abort(request_id, self.now()):
             return False
         self._seq_generators.pop(seq.seq_id, None)
+        self.flush_records()
         return True
 
     def check_request(self, request: Request) -> None:
@@ -175,56 +201,85 @@ class Engine:
                 f"model's vocabulary [0, {vocab})"
             )
 
+    # ------------------------------------------------------------- stepping
+    def decode_run_length(
+        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+    ) -> int:
+        """The executor runs one forward per output (the Backend protocol)."""
+        return 1
+
+    def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
+        """Run one scheduler output on the model: inputs, forward, sampling.
+
+        Returns:
+            The step's end time (after a device synchronize) and one sampled
+            token per item of ``out.sampling``.
+        """
+        t_prep = self.now_s()
+        inputs = self._inputs(out)
+        t_fwd = self.now_s()
+        token_ids = self._forward_and_sample(out, inputs)
+        synchronize(self.runner.device)
+        t_end = self.now_s()
+        if self.record_timings:
+            last = t_prep if self._last_end_s is None else self._last_end_s
+            self.timings.append(
+                StepTiming(
+                    host_s=max(0.0, t_prep - last - self._idle_s),
+                    prepare_s=t_fwd - t_prep,
+                    forward_s=t_end - t_fwd,
+                    num_seqs=len(inputs),
+                    num_tokens=out.num_batched_tokens,
+                    phase=out.phase.value if out.phase is not None else "",
+                )
+            )
+        self._last_end_s, self._idle_s = t_end, 0.0
+        return StepResult([t_end], token_ids)
+
     def step(self) -> tuple[SchedulerOutput, list[Seq]]:
-        """Run one step. Returns the output and the requests that finished.
+        """Plan and run one step now. Returns the output and the requests that
+        finished; ended requests go to :attr:`records`.
 
         An empty output means nothing could run now (no work, or waiting for
         an arrival).
         """
-        t_sched = self.now()
-        out = self.scheduler.schedule(t_sched)
+        out = self.scheduler.schedule(self.now_s())
         if out.is_empty:
+            self.flush_records()
             return out, []
-        t_prep = self.now()
-        inputs = self._inputs(out)
-        t_fwd = self.now()
-        token_ids = self._forward_and_sample(out, inputs)
-        synchronize(self.runner.device)
-        t_end = self.now()
-        finished = self.scheduler.update(out, t_end, token_ids)
-        if self.record_timings:
-            self.timings.append(
-                StepTiming(
-                    schedule_s=t_prep - t_sched,
-                    prepare_s=t_fwd - t_prep,
-                    forward_s=t_end - t_fwd,
-                    update_s=self.now() - t_end,
-                    num_seqs=len(inputs),
-                    phase="decode" if out.phase is Phase.DECODE else "prefill",
-                )
-            )
-        for seq in finished:
-            self._seq_generators.pop(seq.seq_id, None)
+        result = self.execute(out, self.now_s())
+        finished = self.scheduler.update(out, result.end_times_s, result.sampled_token_ids)
+        self.flush_records()
         return out, finished
+
+    def flush_records(self) -> list[Seq]:
+        """Move requests that ended (finished, rejected, aborted) into :attr:`records`
+        and return them."""
+        ended = self.scheduler.pop_ended()
+        self.records.extend(ended, self.scheduler.step_log)
+        for seq in ended:
+            self._seq_generators.pop(seq.seq_id, None)
+        return ended
 
     def _inputs(self, out: SchedulerOutput) -> list[SeqInput]:
         bm = self.scheduler.block_manager
-        inputs: list[SeqInput] = []
-        for item in out.prefills:
-            ids = item.seq.token_ids()
-            inputs.append(
-                SeqInput(
-                    ids[item.num_cached_tokens :], item.num_cached_tokens, bm.block_table(item.seq)
-                )
+        return [
+            SeqInput(
+                item.seq.token_ids(item.num_computed_tokens, item.num_context_tokens),
+                item.num_computed_tokens,
+                bm.block_table(item.seq),
             )
-        for seq in out.decodes:
-            last = seq.output_token_ids[-1]
-            inputs.append(SeqInput([last], seq.num_tokens - 1, bm.block_table(seq)))
-        return inputs
+            for item in out.scheduled
+        ]
 
     def _forward_and_sample(self, out: SchedulerOutput, inputs: Sequence[SeqInput]) -> list[int]:
-        seqs = [item.seq for item in out.prefills] + list(out.decodes)
         logits = self.runner.forward(inputs)
+        rows = [i for i, item in enumerate(out.scheduled) if item.samples]
+        if not rows:
+            return []
+        if len(rows) < len(inputs):
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        seqs = [out.scheduled[i].seq for i in rows]
         params = [s.request.sampling for s in seqs]
         generators = [self._generator(s) for s in seqs]
         return self.runner.sample(logits, params, generators)
@@ -246,11 +301,9 @@ class Engine:
         *,
         progress: Callable[[int], None] | None = None,
     ) -> RunResult:
-        """Replay ``requests`` open-loop: each is released at its arrival time on
-        the real clock (the engine's t=0 is the start of the run), then run to the end.
-
-        Arrivals are seen between steps: a request is submitted (with its trace
-        arrival time) at the first step boundary after it arrived.
+        """Replay ``requests`` open-loop with the shared drive loop: each is
+        released at its arrival time on the real clock (the engine's t=0 is the
+        start of the run) and seen at the first step boundary after it.
 
         Args:
             progress: called with the number of requests that ended in each step.
@@ -261,45 +314,27 @@ class Engine:
             RuntimeError: if this engine already has requests (one run per engine).
             PolicyError: if the policy stalls the run or answers invalidly.
         """
-        if self.scheduler.seqs:
+        if self.scheduler.num_submitted:
             raise RuntimeError("Engine.run replays a whole workload once; make a new Engine")
         start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         for request in reqs:
             self.check_request(request)
-        self.t0 = self._clock()
-        i = 0
-        while i < len(reqs) or self.scheduler.has_unfinished():
-            i = self._submit_arrived(reqs, i, progress)
-            out, finished = self.step()
-            if progress is not None and finished:
-                progress(len(finished))
-            if not out.is_empty:
-                continue
-            if i < len(reqs):  # idle (or the policy waits): sleep towards the next arrival
-                time.sleep(max(0.0, min(reqs[i].arrival_time_s - self.now(), 0.05)))
-            elif self.scheduler.has_unfinished():
-                raise PolicyError(
-                    f"policy {self.scheduler.policy_name!r} admitted nothing with "
-                    f"{len(self.scheduler.waiting)} waiting and nothing running"
-                )
+        self.t0, self._last_end_s, self._idle_s = self._clock(), None, 0.0
+
+        def ended(seqs: list[Seq]) -> None:
+            self.records.extend(seqs, self.scheduler.step_log)
+            for seq in seqs:
+                self._seq_generators.pop(seq.seq_id, None)
+            if progress is not None:
+                progress(len(seqs))
+
+        drive(self.scheduler, reqs, self, self, ended)
         self.scheduler.check_invariants()
         return RunResult(
-            records=records_frame(self.scheduler),
+            records=self.records.frame(),
             scheduler=self.scheduler,
             policy=self.policy.label,
             wall_s=time.perf_counter() - start,
             timings=self.timings,
         )
-
-    def _submit_arrived(
-        self, reqs: Sequence[Request], i: int, progress: Callable[[int], None] | None
-    ) -> int:
-        """Submit ``reqs[i:]`` that have arrived by now; returns the next index."""
-        now = self.now()
-        while i < len(reqs) and reqs[i].arrival_time_s <= now:
-            seq = self.scheduler.add_request(reqs[i], reqs[i].arrival_time_s)
-            if seq.is_done and progress is not None:
-                progress(1)  # rejected at once
-            i += 1
-        return i

@@ -244,21 +244,18 @@ class StreamingEngine:
                     self._send(command.request_id, _End())
                 continue
             seq = engine.scheduler.add_request(command, command.arrival_time_s)
+            engine.flush_records()
             if seq.is_done:  # rejected at once
                 self._send(seq.request_id, _End(RequestRejectedError, seq.reject_reason))
 
     def _step(self) -> None:
         out, _ = self.engine.step()
         if out.is_empty:  # nothing runs and the policy admits nothing: it never will
-            sched = self.engine.scheduler
-            raise PolicyError(
-                f"policy {sched.policy_name!r} admitted nothing with "
-                f"{len(sched.waiting)} waiting and nothing running"
-            )
-        self._emit([p.seq for p in out.prefills] if out.prefills else out.decodes)
+            raise PolicyError(self.engine.scheduler.stall_message())
+        self._emit([item.seq for item in out.sampling])
 
     def _emit(self, seqs: Sequence[Seq]) -> None:
-        end_s = self.engine.scheduler.step_end_s[-1]
+        end_s = float(self.engine.scheduler.step_log.end_s[-1])
         for seq in seqs:
             token = seq.output_token_ids[-1]
             detok = self._detoks.get(seq.request_id)

@@ -42,6 +42,11 @@ SCHEMA: tuple[Column, ...] = (
     ),
     Column("num_preemptions", "int64", "times the request was preempted (recompute)"),
     Column(
+        "stop_reason",
+        "str",
+        '"length" (output length reached), "stop" (EOS or a stop token), "abort", or "" (rejected)',
+    ),
+    Column(
         "token_times_s",
         "object",
         "1-D float64 array: time (s) of every output token, length num_output_tokens "

@@ -9,30 +9,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, Budget, PolicyContext
+from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext
 from roseinfer.sequence import Sequence as Seq
 
 
-def fifo_under_budget(waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+def fifo_under_budget(
+    waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext, *, chunk_head: bool = False
+) -> list[Choice]:
     """Arrival order under the token budget (seed 031).
 
     Takes requests from the head while their summed cost fits
     ``budget.max_tokens``; stops at the first misfit, which stays at the head
     for the next round (order is never broken). An oversize head goes alone so
-    nothing deadlocks. No token limit: the first ``budget.max_seqs`` requests.
+    nothing deadlocks, or, with ``chunk_head``, is admitted with a chunk that
+    fills the budget (chunked prefill). No token limit: the first
+    ``budget.max_seqs`` requests.
     """
-    selected: list[Seq] = []
+    selected: list[Choice] = []
     num_tokens = 0
     for i in range(min(budget.max_seqs, len(waiting))):
         seq = waiting[i]
         cost = ctx.cost(seq)
         if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
             if not selected:
-                selected.append(seq)  # oversize head: alone
+                selected.append(head_choice(seq, cost, budget, chunk_head))
             break
         selected.append(seq)
         num_tokens += cost
     return selected
+
+
+def head_choice(seq: Seq, cost: int, budget: Budget, chunk_head: bool) -> Choice:
+    """An oversize head: alone with its whole prompt, or a chunk filling the budget."""
+    room = budget.max_chunk_tokens
+    if chunk_head and room is not None and 0 < room < cost:
+        return (seq, room)
+    return seq
 
 
 class Fifo(AdmissionPolicy):
@@ -40,6 +52,8 @@ class Fifo(AdmissionPolicy):
 
     name = "fifo"
     description = "arrival order; ignores the token budget (seed 027)"
+    preserves_arrival_order = True
+    admits_queue_prefix = True
 
 
 class TokenBudget(AdmissionPolicy):
@@ -48,10 +62,13 @@ class TokenBudget(AdmissionPolicy):
     name = "budget"
     description = "arrival order under --prefill-max-tokens; oversize head alone (seed 031)"
     uses_token_budget = True
+    uses_chunk_head = True
+    preserves_arrival_order = True
+    admits_queue_prefix = True
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """See :func:`fifo_under_budget`."""
-        return fifo_under_budget(waiting, budget, ctx)
+        return fifo_under_budget(waiting, budget, ctx, chunk_head=self.options.chunk_head)
 
 
 class Pack(AdmissionPolicy):
@@ -61,18 +78,22 @@ class Pack(AdmissionPolicy):
     (cost, arrival) while they fit the budget and the seat limit, and admits
     the chosen ones in arrival order; the rest keep their places at the front.
     A request costlier than the whole budget is skipped; if nothing fits, the
-    head goes alone. Without a token budget it is FIFO.
+    head goes alone (or, with ``options.chunk_head``, gets a chunk filling the
+    budget). Without a token budget it is FIFO.
     """
 
     name = "pack"
     description = "greedy by cost in a --lookahead window under the budget (seed 033)"
     uses_token_budget = True
     uses_lookahead = True
+    uses_chunk_head = True
+    preserves_arrival_order = True
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """See the class docstring."""
+        chunk_head = self.options.chunk_head
         if budget.max_tokens is None:
-            return fifo_under_budget(waiting, budget, ctx)
+            return fifo_under_budget(waiting, budget, ctx, chunk_head=chunk_head)
         window = [waiting[i] for i in range(min(self.options.lookahead, len(waiting)))]
         costs = [ctx.cost(seq) for seq in window]
         chosen = [False] * len(window)
@@ -84,8 +105,8 @@ class Pack(AdmissionPolicy):
                 chosen[i] = True
                 num_tokens += costs[i]
                 num_chosen += 1
-        if not num_chosen and window:
-            chosen[0] = True  # nothing fits: the head goes alone
+        if not num_chosen and window:  # nothing fits: the head alone
+            return [head_choice(window[0], costs[0], budget, chunk_head)]
         return [seq for seq, take in zip(window, chosen) if take]
 
 

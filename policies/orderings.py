@@ -1,10 +1,12 @@
-"""Built-in loop orderings: ``prefill-first`` and ``decode-first`` (seed 032)."""
+"""Built-in loop orderings: ``prefill-first``, ``decode-first`` (seed 032),
+``mixed`` (vLLM v1 / Sarathi-Serve) and ``prefill-priority`` (SGLang's default loop)."""
 
 from __future__ import annotations
 
 from roseinfer import hookimpl
 from roseinfer.interface import (
     DECODE_FIRST,
+    MIXED_ORDER,
     PREFILL_FIRST,
     AdmissionPolicy,
     Phase,
@@ -16,7 +18,7 @@ class PrefillFirst(AdmissionPolicy):
     """Admit and prefill, then decode every running request (the seeds' default)."""
 
     name = "prefill-first"
-    description = "admission step, then one decode step (seeds 027-031)"
+    description = "a prefill step, then a decode step (seeds 027-031)"
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Prefill, then decode."""
@@ -31,14 +33,49 @@ class DecodeFirst(AdmissionPolicy):
     """
 
     name = "decode-first"
-    description = "one decode step, then the admission step (seed 032)"
+    description = "a decode step, then a prefill step (seed 032)"
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Decode, then prefill."""
         return DECODE_FIRST
 
 
+class Mixed(AdmissionPolicy):
+    """One forward per iteration: every decode, then prefill chunks of running and
+    newly admitted requests under ``max_num_batched_tokens``.
+
+    The step order of vLLM v1's scheduler (running requests first, then waiting
+    ones, one token budget; vllm/v1/core/sched/scheduler.py) and Sarathi-Serve's
+    stall-free batching (Agrawal et al., OSDI 2024): a long prompt, cut into
+    chunks, never stalls the decodes that share its steps.
+    """
+
+    name = "mixed"
+    description = "decodes and prefill chunks in one step (vLLM v1, Sarathi-Serve)"
+
+    def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
+        """One mixed step."""
+        return MIXED_ORDER
+
+
+class PrefillPriority(AdmissionPolicy):
+    """A prefill step whenever one can be formed; decode only otherwise.
+
+    SGLang's event loop without ``--enable-mixed-chunk`` (python/sglang/srt/
+    managers/scheduler.py ``get_next_batch_to_run``): a new prefill batch runs
+    if it holds any request, else the running batch decodes. Decodes wait while
+    arrivals keep coming and seats are free (lowest TTFT, highest ITL).
+    """
+
+    name = "prefill-priority"
+    description = "prefill whenever possible, decode otherwise (SGLang's loop)"
+
+    def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
+        """Prefill only; the scheduler decodes when the prefill step is empty."""
+        return (Phase.PREFILL,)
+
+
 @hookimpl
 def register_loop_orders() -> list[type[AdmissionPolicy]]:
     """The built-in loop orderings."""
-    return [PrefillFirst, DecodeFirst]
+    return [PrefillFirst, DecodeFirst, Mixed, PrefillPriority]

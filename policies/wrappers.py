@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
-from roseinfer.interface import Budget, PolicyContext, PolicyOptions, PolicyWrapper
+from roseinfer.interface import Budget, Choice, PolicyContext, PolicyOptions, PolicyWrapper
 from roseinfer.policies.admission import fifo_under_budget
 from roseinfer.sequence import Sequence as Seq
 
@@ -29,10 +29,10 @@ class ForceFifo(PolicyWrapper):
         """On when ``force_fifo_every`` > 0."""
         return options.force_fifo_every > 0
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """FIFO on rounds that are multiples of N, else the wrapped policy."""
         if ctx.admission_round % self.options.force_fifo_every == 0:
-            return fifo_under_budget(waiting, budget, ctx)
+            return fifo_under_budget(waiting, budget, ctx, chunk_head=self.options.chunk_head)
         return self.inner.admit(waiting, budget, ctx)
 
 

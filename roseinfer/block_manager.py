@@ -59,6 +59,14 @@ class BlockManager:
     ``allocate``, ``can_grow`` / ``grow``); actions assume the check passed and
     raise ``RuntimeError`` otherwise.
 
+    A request's blocks are allocated for the tokens its step computes (the
+    whole prompt, or one chunk) and grown as later steps compute more. The
+    hash of a full prompt block is registered as soon as a step that computes
+    it is scheduled, so a request scheduled later in the same step (or after)
+    reuses it: identical prompts admitted together share blocks (seed 004's
+    in-batch dedup), and a chunked prefill never exposes a block it has not
+    computed yet.
+
     Args:
         num_blocks: blocks in the pool (> 0).
         block_size: tokens per block (> 0).
@@ -79,6 +87,8 @@ class BlockManager:
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[int, list[int]] = {}
+        self._num_registered: dict[int, int] = {}  # seq_id -> prompt blocks hashed so far
+        self._num_evictions = 0  # bumps whenever a cached block loses its hash
         self.num_queried_tokens = 0  # prompt tokens looked up at first admissions
         self.num_hit_tokens = 0  # of which served from the cache
 
@@ -106,16 +116,31 @@ class BlockManager:
             seq.block_hashes = compute_block_hashes(seq.request, self.block_size)
         return seq.block_hashes
 
-    def _hit_blocks(self, seq: Sequence) -> list[int]:
-        """Cached blocks of the longest hit prefix, capped so that at least the
-        last token is computed (its logits give the next token)."""
+    def lookup(self, seq: Sequence) -> list[int]:
+        """Cached blocks of the longest prefix hit of a request not holding blocks,
+        capped so that at least its last token is computed (its logits give the
+        next token). Do not mutate the list.
+
+        Memoized on the sequence: while no cached block was evicted, a repeated
+        lookup resumes the walk where the last one stopped (blocks registered
+        since can only extend the hit), so an admission round costs one walk
+        per request, not one per question (cost, validation, allocation).
+        """
         if not self.enable_prefix_caching:
             return []
         hashes = self._hashes(seq)
         max_hit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
-        hits: list[int] = []
-        for h in hashes[:max_hit]:
-            block = self._hash_to_block.get(h)
+        memo = seq.prefix_hit
+        if isinstance(memo, _PrefixHit) and memo.epoch == self._num_evictions:
+            hits = memo.blocks
+        else:
+            hits = []
+            seq.prefix_hit = _PrefixHit(self._num_evictions, hits)
+        if len(hits) > max_hit:
+            del hits[max_hit:]
+        index = self._hash_to_block
+        for i in range(len(hits), max_hit):
+            block = index.get(hashes[i])
             if block is None:
                 break
             hits.append(block)
@@ -123,22 +148,22 @@ class BlockManager:
 
     def num_cached_tokens(self, seq: Sequence) -> int:
         """Tokens of ``seq`` that a prefill now would take from the prefix cache."""
-        return len(self._hit_blocks(seq)) * self.block_size
+        return len(self.lookup(seq)) * self.block_size
 
     # --------------------------------------------------------------- allocation
-    def can_allocate(self, seq: Sequence) -> bool:
-        """True when the blocks for all ``seq.num_tokens`` tokens can be had now."""
-        hits = self._hit_blocks(seq)
-        num_new = self.blocks_for(seq.num_tokens) - len(hits)
+    def can_allocate(self, seq: Sequence, num_tokens: int | None = None) -> bool:
+        """True when blocks for the first ``num_tokens`` tokens of ``seq`` (default:
+        all ``seq.num_tokens``) can be had now, prefix hits included."""
+        hits = self.lookup(seq)
+        num_tokens = seq.num_tokens if num_tokens is None else num_tokens
+        num_new = self.blocks_for(num_tokens) - len(hits)
         num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
         return num_new <= self.num_free_blocks - num_hits_free
 
-    def allocate(self, seq: Sequence) -> int:
-        """Give ``seq`` blocks for its ``num_tokens`` tokens, reusing cached ones.
-
-        Registers the hashes of the full prompt blocks it will compute, so an
-        identical prompt admitted in the same iteration reuses them (seed 004's
-        in-batch dedup).
+    def allocate(self, seq: Sequence, num_tokens: int | None = None) -> int:
+        """Give ``seq`` blocks for its first ``num_tokens`` tokens (default all),
+        reusing cached ones, and register the hashes of the full prompt blocks
+        those tokens cover.
 
         Returns:
             Tokens served from the prefix cache.
@@ -148,16 +173,18 @@ class BlockManager:
         """
         if seq.seq_id in self._tables:
             raise RuntimeError(f"{seq} already holds KV blocks")
-        if not self.can_allocate(seq):
+        num_tokens = seq.num_tokens if num_tokens is None else num_tokens
+        if not self.can_allocate(seq, num_tokens):
             raise RuntimeError(f"not enough free KV blocks for {seq}")
-        table = self._hit_blocks(seq)
+        table = list(self.lookup(seq))
+        seq.prefix_hit = None
         for block in table:
             self._ref(block)
         num_hit = len(table)
-        table.extend(self._take(self.blocks_for(seq.num_tokens) - num_hit))
+        table.extend(self._take(self.blocks_for(num_tokens) - num_hit))
         self._tables[seq.seq_id] = table
-        if self.enable_prefix_caching:
-            self._register(table, self._hashes(seq), num_hit)
+        self._num_registered[seq.seq_id] = num_hit
+        self._register(seq, num_tokens)
         return num_hit * self.block_size
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
@@ -169,21 +196,28 @@ class BlockManager:
         return max(0, self.blocks_for(num_tokens) - len(self._tables[seq.seq_id]))
 
     def grow(self, seq: Sequence, num_tokens: int) -> None:
-        """Extend ``seq``'s table to hold ``num_tokens`` tokens (decode slots).
+        """Extend ``seq``'s table to hold ``num_tokens`` tokens (a later prefill
+        chunk, or decode slots) and register the prompt blocks now covered.
 
         Raises:
             RuntimeError: if the pool is short (call ``can_grow`` first).
         """
         table = self._tables[seq.seq_id]
-        num_new = self.blocks_for(num_tokens) - len(table)
-        if num_new > self.num_free_blocks:
-            raise RuntimeError(f"not enough free KV blocks to grow {seq}")
-        table.extend(self._take(num_new))
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        if num_new > 0:
+            if num_new > self.num_free_blocks:
+                raise RuntimeError(f"not enough free KV blocks to grow {seq}")
+            table.extend(self._take(num_new))
+        if self.enable_prefix_caching and self._num_registered[seq.seq_id] < min(
+            len(self._hashes(seq)), num_tokens // self.block_size
+        ):
+            self._register(seq, num_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references. Tail blocks are freed first, so they are
         evicted before the shared prefix blocks (vLLM frees in reverse order)."""
         table = self._tables.pop(seq.seq_id, None)
+        self._num_registered.pop(seq.seq_id, None)
         if table is None:
             return
         refs, hashes = self._ref_counts, self._block_hash
@@ -228,17 +262,26 @@ class BlockManager:
             old = self._block_hash[block]
             if old is not None:  # evict its cached content
                 self._block_hash[block] = None
+                self._num_evictions += 1
                 if self._hash_to_block.get(old) == block:
                     del self._hash_to_block[old]
         self._ref_counts[block] = 1
         return block
 
-    def _register(self, table: list[int], hashes: list[int], start: int) -> None:
-        for i in range(start, min(len(hashes), len(table))):
+    def _register(self, seq: Sequence, num_tokens: int) -> None:
+        """Index the full prompt blocks among the first ``num_tokens`` tokens."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._hashes(seq)
+        start = self._num_registered[seq.seq_id]
+        end = min(len(hashes), num_tokens // self.block_size)
+        table = self._tables[seq.seq_id]
+        for i in range(start, end):
             h = hashes[i]
             if h not in self._hash_to_block:
                 self._hash_to_block[h] = table[i]
                 self._block_hash[table[i]] = h
+        self._num_registered[seq.seq_id] = max(start, end)
 
     def check_invariants(self) -> None:
         """Assert exact accounting: free + used == total, ref counts equal table
@@ -263,3 +306,13 @@ class BlockManager:
         assert len(listed) + used == self.num_blocks, "free + used != total"
         for h, block in self._hash_to_block.items():
             assert self._block_hash[block] == h, f"hash index stale for block {block}"
+
+
+class _PrefixHit:
+    """A lookup memo: hit blocks found while ``epoch`` evictions had happened."""
+
+    __slots__ = ("epoch", "blocks")
+
+    def __init__(self, epoch: int, blocks: list[int]) -> None:
+        self.epoch = epoch
+        self.blocks = blocks

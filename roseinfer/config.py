@@ -1,8 +1,9 @@
-"""Scheduler and KV-cache configuration (frozen, validated)."""
+"""Scheduler and KV-cache configuration (frozen, validated), and engine presets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from roseinfer.interface import PolicyOptions
 
@@ -14,15 +15,37 @@ DEFAULT_BLOCK_SIZE = 16  # vLLM's default block_size on GPUs
 class SchedulerConfig:
     """Limits and knobs of the shared scheduler.
 
+    Two token limits exist because the seeds and the engines count different things:
+
+    * ``prefill_max_tokens`` (the seeds' ``prefill_max_tokens``, seed 031) caps the
+      *prompt* tokens one step prefills: the chunks of running partial prefills
+      first, then what the admission policy admits (its ``Budget.max_tokens``).
+      Only policies that declare ``uses_token_budget`` honour it for admission.
+    * ``max_num_batched_tokens`` (vLLM's flag) caps *all* tokens one step computes,
+      decodes included, whatever the policy; the scheduler enforces it itself.
+
+    With ``enable_chunked_prefill`` a request whose uncomputed tokens exceed what
+    the step has left gets a chunk (vLLM v1 / Sarathi-Serve); without it the
+    request waits for a step with room (so ``max_num_batched_tokens`` must then
+    hold any request: >= ``max_model_len``, as vLLM requires).
+
     Attributes:
         num_kv_blocks: KV cache blocks in the pool.
         block_size: tokens per KV block (vLLM ``--block-size``).
         max_num_seqs: cap on the running set = the decode batch (vLLM ``--max-num-seqs``;
             the seeds' ``max_batch_size``).
-        prefill_max_seqs: requests admitted per round (the seeds'
+        prefill_max_seqs: requests admitted per step (the seeds'
             ``prefill_max_batch_size``); None means ``max_num_seqs``.
-        prefill_max_tokens: prompt tokens admitted per round (the seeds'
-            ``prefill_max_tokens``, seed 031); None means no limit.
+        prefill_max_tokens: prompt tokens prefilled per step (see above); None
+            means no limit.
+        max_num_batched_tokens: tokens computed per step, decodes included (see
+            above); None means no limit. Must be >= ``max_num_seqs`` (vLLM's rule).
+        enable_chunked_prefill: split a prefill over steps when a step has no room
+            for all of it.
+        long_prefill_token_threshold: cap on one request's chunk per step (vLLM
+            ``--long-prefill-token-threshold``); None means no cap. Needs chunking.
+        max_num_partial_prefills: most requests with a prefill in progress at once
+            (vLLM ``--max-num-partial-prefills``); None means no cap. Needs chunking.
         max_model_len: longest request (prompt + output tokens); longer ones are
             rejected with a reason.
         enable_prefix_caching: reuse KV blocks by chained hashes of full blocks.
@@ -31,7 +54,8 @@ class SchedulerConfig:
         options: knobs passed to the policy instances.
 
     Raises:
-        ValueError: on a non-positive limit.
+        ValueError: on a non-positive limit or a contradictory combination,
+            naming the fix.
     """
 
     num_kv_blocks: int
@@ -39,6 +63,10 @@ class SchedulerConfig:
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     prefill_max_seqs: int | None = None
     prefill_max_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = False
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int | None = None
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     policy: str = "fifo"
@@ -49,17 +77,92 @@ class SchedulerConfig:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("prefill_max_seqs", "prefill_max_tokens"):
+        for name in (
+            "prefill_max_seqs",
+            "prefill_max_tokens",
+            "max_num_batched_tokens",
+            "long_prefill_token_threshold",
+            "max_num_partial_prefills",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 (or unset for no limit), got {value}")
+        self._check_chunking()
+
+    def _check_chunking(self) -> None:
+        batched = self.max_num_batched_tokens
+        if batched is not None and batched < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({batched}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so every decode fits a step; raise "
+                "--max-num-batched-tokens or lower --max-num-seqs"
+            )
+        if self.enable_chunked_prefill:
+            limits = (self.max_num_batched_tokens, self.prefill_max_tokens)
+            if all(x is None for x in (*limits, self.long_prefill_token_threshold)):
+                raise ValueError(
+                    "chunked prefill needs a per-step limit to cut chunks at: set "
+                    "--max-num-batched-tokens, --prefill-max-tokens or "
+                    "--long-prefill-token-threshold"
+                )
+            return
+        if batched is not None and batched < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a request must fit one step, but "
+                f"max_num_batched_tokens ({batched}) < max_model_len ({self.max_model_len}); "
+                "add --enable-chunked-prefill, raise --max-num-batched-tokens or lower "
+                "--max-model-len"
+            )
+        for name in ("long_prefill_token_threshold", "max_num_partial_prefills"):
+            if getattr(self, name) is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} only applies with --enable-chunked-prefill")
+        if self.options.chunk_head:
+            raise ValueError("--chunk-head admits a prompt chunk: add --enable-chunked-prefill")
 
     @property
     def effective_prefill_max_seqs(self) -> int:
-        """Requests admitted per round: ``prefill_max_seqs`` or ``max_num_seqs``."""
+        """Requests admitted per step: ``prefill_max_seqs`` or ``max_num_seqs``."""
         return self.prefill_max_seqs or self.max_num_seqs
 
     @property
     def kv_capacity_tokens(self) -> int:
         """Tokens the whole KV pool holds."""
         return self.num_kv_blocks * self.block_size
+
+
+SCHEDULER_PRESETS: dict[str, dict[str, Any]] = {
+    # vLLM v1 (0.10-0.11): vllm/engine/arg_utils.py EngineArgs.get_batch_defaults and
+    # vllm/v1/core/sched/scheduler.py. Chunked prefill is always on; one token budget
+    # per step, running requests (decodes, partial prefills) first, then waiting ones.
+    # 2048 tokens / 256 seqs are the OpenAI-server defaults below 70 GiB GPUs and on
+    # A100 (8192 / 1024 on H100-class); the v1 scheduler reads no partial-prefill cap.
+    "vllm-v1": {
+        "loop_order": "mixed",
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 256,
+        "long_prefill_token_threshold": None,
+        "max_num_partial_prefills": None,
+    },
+    # SGLang (0.4-0.5): python/sglang/srt/server_args.py sets --chunked-prefill-size
+    # 8192 on 35-160 GB GPUs; --enable-mixed-chunk is off, so the scheduler
+    # (managers/scheduler.py get_next_batch_to_run) runs a new prefill batch whenever
+    # one can be formed and decodes otherwise; one request is chunked at a time.
+    "sglang": {
+        "loop_order": "prefill-priority",
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 8192,
+        "long_prefill_token_threshold": None,
+        "max_num_partial_prefills": 1,
+    },
+    # The seed posts' server: whole-prompt prefill steps, then a decode step.
+    "seeds": {
+        "loop_order": "prefill-first",
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": None,
+        "long_prefill_token_threshold": None,
+        "max_num_partial_prefills": None,
+    },
+}
+"""Scheduler knobs of each engine's defaults (``--scheduler-preset``); explicit flags win."""

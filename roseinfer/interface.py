@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 if TYPE_CHECKING:
     from roseinfer.sequence import Sequence as Seq
@@ -30,14 +30,21 @@ class PolicyError(RuntimeError):
 
 
 class Phase(enum.Enum):
-    """One forward pass of an iteration."""
+    """What one step (one forward pass) of an iteration computes.
 
-    PREFILL = "prefill"  # admit waiting requests and compute their prompts
-    DECODE = "decode"  # one new token for every running request
+    Every phase is planned as tokens per request (``num_new_tokens``), so a
+    whole prompt, a prefill chunk and a decode are the same mechanism; the
+    phase says which requests a step may hold.
+    """
+
+    PREFILL = "prefill"  # running partial prefills' next chunks, then admissions
+    DECODE = "decode"  # one new token for every decoding request
+    MIXED = "mixed"  # decodes first, then prefill chunks, in one forward (vLLM v1, Sarathi-Serve)
 
 
 PREFILL_FIRST: tuple[Phase, ...] = (Phase.PREFILL, Phase.DECODE)
 DECODE_FIRST: tuple[Phase, ...] = (Phase.DECODE, Phase.PREFILL)
+MIXED_ORDER: tuple[Phase, ...] = (Phase.MIXED,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +54,15 @@ class PolicyOptions:
     Attributes:
         lookahead: how many waiting requests ``pack`` looks at (seed 033 default 64).
         force_fifo_every: every N-th admission round is strict FIFO; 0 disables.
+        chunk_head: ``budget``/``pack``: a head that does not fit the token budget is
+            admitted with a chunk that fills the budget (chunked prefill) instead of
+            going alone with its whole prompt.
         extra: third-party knobs from ``--policy-arg key=value`` (strings).
     """
 
     lookahead: int = 64
     force_fifo_every: int = 0
+    chunk_head: bool = False
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,22 +79,36 @@ class Budget:
     """What an admission round may still take.
 
     Attributes:
-        max_tokens: prompt tokens that may be prefilled this round (the seeds'
-            ``prefill_max_tokens``), or None for no token limit.
+        max_tokens: prompt tokens that may still be prefilled this step (the
+            seeds' ``prefill_max_tokens`` less the chunks of running partial
+            prefills), or None for no such limit. A policy that declares
+            ``uses_token_budget`` honours it.
         max_seqs: how many requests may be admitted: min(``prefill_max_seqs``,
             ``max_num_seqs`` - running).
         num_free_blocks: free KV blocks (including evictable cached ones). The
             scheduler admits a selection in order and stops at the first request
             whose blocks don't fit, so a policy need not check this.
+        max_batched_tokens: tokens left in this step under
+            ``max_num_batched_tokens`` (decodes and earlier chunks taken), or None
+            for no limit. The scheduler enforces it itself: with chunked prefill
+            it cuts a request's chunk to what is left, without it a request that
+            does not fit waits; an explicit chunk must fit it.
     """
 
     max_tokens: int | None
     max_seqs: int
     num_free_blocks: int
+    max_batched_tokens: int | None = None
 
     def fits(self, num_tokens: int) -> bool:
         """True when ``num_tokens`` prompt tokens fit the token limit."""
         return self.max_tokens is None or num_tokens <= self.max_tokens
+
+    @property
+    def max_chunk_tokens(self) -> int | None:
+        """The largest chunk a policy may ask for: min(max_tokens, max_batched_tokens)."""
+        limits = [x for x in (self.max_tokens, self.max_batched_tokens) if x is not None]
+        return min(limits) if limits else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +134,11 @@ class PolicyContext:
     cost: Callable[[Seq], int]
 
 
+Choice = Union["Seq", tuple["Seq", int]]
+"""One admission: a waiting request, or ``(request, num_tokens)`` to prefill only
+its first ``num_tokens`` uncached tokens this step (a chunk; needs chunked prefill)."""
+
+
 class AdmissionPolicy:
     """Base class of every policy and loop ordering plugin.
 
@@ -122,48 +152,64 @@ class AdmissionPolicy:
         uses_token_budget: True if ``admit`` honours ``budget.max_tokens``;
             the CLI rejects ``--prefill-max-tokens`` with a policy that ignores it.
         uses_lookahead: True if ``admit`` reads ``options.lookahead``.
+        uses_chunk_head: True if ``admit`` reads ``options.chunk_head``.
+        preserves_arrival_order: declares that every selection lists requests in
+            queue order (the property tests check what a policy declares).
+        admits_queue_prefix: declares that every selection is a prefix of the
+            waiting queue (strict FIFO; implies ``preserves_arrival_order``).
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_token_budget: ClassVar[bool] = False
     uses_lookahead: ClassVar[bool] = False
+    uses_chunk_head: ClassVar[bool] = False
+    preserves_arrival_order: ClassVar[bool] = False
+    admits_queue_prefix: ClassVar[bool] = False
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options if options is not None else PolicyOptions()
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
-        """Choose the waiting requests to prefill this round.
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
+        """Choose the waiting requests to prefill this step.
 
         Args:
             waiting: the waiting queue in arrival order (preempted requests first);
                 a read-only view, never mutate it.
-            budget: token, seat and block limits of this round.
+            budget: token, seat and block limits of this step.
             ctx: scheduler facts, including ``ctx.cost(seq)``.
 
         Returns:
-            A list of distinct members of ``waiting``, in the order to admit
-            them. Its total cost must fit ``budget.max_tokens`` unless it holds a
-            single request (an oversize request goes alone so nothing
-            deadlocks), and it holds at most ``budget.max_seqs`` requests.
-            Returning an empty list while nothing runs stalls the run and is an
-            error.
+            Distinct members of ``waiting`` in the order to admit them, each
+            either alone (the scheduler sizes its chunk: the whole uncached
+            prompt, or what the step has left when chunked prefill is on) or as
+            ``(seq, num_tokens)`` with ``0 < num_tokens <= ctx.cost(seq)`` and
+            ``num_tokens <= budget.max_batched_tokens`` (a chunk). The summed
+            tokens (``num_tokens``, or the cost) must fit ``budget.max_tokens``
+            unless the list holds a single request (an oversize request goes
+            alone so nothing deadlocks), and the list holds at most
+            ``budget.max_seqs`` requests. Returning an empty list while nothing
+            runs stalls the run and is an error.
 
         Default: FIFO, no token limit (the ``fifo`` policy).
         """
         return list(_head(waiting, budget.max_seqs))
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
-        """Return the phases of the next iteration, in order.
+        """Return the phases of the next iteration, in order (one step each).
 
-        Called once per iteration that has both waiting and running requests.
-        Default: prefill-first (admit, then one decode step).
+        Called once per iteration that has both prefill work (waiting requests
+        with a free seat, or partial prefills) and decoding requests; otherwise
+        the iteration is the one phase that has work. Any non-empty tuple is
+        valid: phases with nothing to run are skipped, and if a whole iteration
+        runs nothing while requests decode, the scheduler runs a decode step so
+        they never idle. Default: prefill-first (admit, then one decode step).
         """
         return PREFILL_FIRST
 
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
-        """Pick the running request to preempt (by recompute) when a decode
-        cannot get a KV block.
+        """Pick the running request to preempt (by recompute) when a step
+        cannot get a KV block for a running request.
 
         Args:
             running: the running set in admission order (non-empty).
@@ -201,7 +247,7 @@ class PolicyWrapper(AdmissionPolicy):
         """True when ``options`` ask for this wrapper."""
         return False
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Delegate to the wrapped policy."""
         return self.inner.admit(waiting, budget, ctx)
 
@@ -235,7 +281,7 @@ class ComposedPolicy(AdmissionPolicy):
         """Whether the chosen admission policy (not its wrappers) honours the budget."""
         return self.base.uses_token_budget
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Seq]:
+    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Delegate to the admission policy."""
         return self.admission.admit(waiting, budget, ctx)
 

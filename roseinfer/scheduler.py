@@ -1,49 +1,70 @@
-"""The shared scheduler: waiting queue, running set, admission, preemption.
+"""The shared scheduler: waiting queue, running set, admission, chunking, preemption.
 
-One :meth:`Scheduler.schedule` call plans one forward pass (a *step*); the
-backend runs it and reports back through :meth:`Scheduler.update`. An
-*iteration* (the seeds' worker-loop round) is the phases the loop ordering
-asks for: prefill-first runs an admission step then a decode step,
-decode-first the reverse. The scheduler never imports torch and never reads a
-clock: time is passed in, so the simulator and the executor differ only in the
-backend and the clock.
+One :meth:`Scheduler.schedule` call plans one forward pass (a *step*) as tokens
+per request (vLLM v1's ``num_scheduled_tokens``): each :class:`ScheduledSeq`
+computes ``num_new_tokens`` tokens of its request from ``num_computed_tokens``
+on, and samples a token when that reaches the request's end. A whole-prompt
+prefill, a prefill chunk and a decode are the same item; a step may mix them.
+The backend runs the step and reports back through :meth:`Scheduler.update`.
 
-A decode output may cover several consecutive decode steps
-(``num_steps > 1``, as vLLM's multi-step scheduling) when nothing can change
-in between: no request can be admitted, none finishes before the last step,
-and every block the steps need is free. The simulator uses this to jump over
-long decode runs; the executor always asks for one step. The result equals
-scheduling the steps one by one (a test checks it).
+An *iteration* (the seeds' worker-loop round) is the phases the loop ordering
+asks for: prefill-first runs a prefill step then a decode step, decode-first
+the reverse, mixed one step holding both (see :class:`~roseinfer.interface.Phase`).
+The scheduler never imports torch and never reads a clock: time is passed in,
+so the simulator and the executor differ only in the backend and the clock.
+
+A decode output may cover several consecutive decode steps (``num_steps > 1``,
+as vLLM's multi-step scheduling) when nothing can change in between:
+:meth:`Scheduler.max_uneventful_decode_steps` says how many, and
+``schedule(now, num_decode_steps=k)`` plans them. The result equals scheduling
+the steps one by one (a test checks it).
+
+Requests leave the scheduler when they end (finished, rejected, aborted):
+:meth:`Scheduler.pop_ended` hands them to the caller, which turns them into
+records, so memory does not grow with the length of a trace.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
 from roseinfer.block_manager import BlockManager
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import AdmissionPolicy, Budget, Phase, PolicyContext, PolicyError
+from roseinfer.records import StepLog
 from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillItem:
-    """One request prefilled in a step.
+class ScheduledSeq:
+    """One request's share of a step.
 
     Attributes:
         seq: the request's state.
-        num_cached_tokens: tokens already in the KV cache (prefix hit); the
-            step computes positions ``[num_cached_tokens, num_cached_tokens + num_new_tokens)``.
+        num_computed_tokens: tokens whose KV exists before the step (prefix-cache
+            hit, earlier chunks, or all but the last token for a decode); the step
+            computes positions ``[num_computed_tokens, num_computed_tokens + num_new_tokens)``.
         num_new_tokens: tokens computed this step (> 0).
+        samples: True when the step reaches the end of the request's tokens and so
+            samples its next token (a completed prefill, or a decode).
+        is_decode: True for a decode (one token, after the request's first output).
     """
 
     seq: Sequence
-    num_cached_tokens: int
+    num_computed_tokens: int
     num_new_tokens: int
+    samples: bool
+    is_decode: bool
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Context length after the step (computed + new tokens)."""
+        return self.num_computed_tokens + self.num_new_tokens
 
 
 @dataclass(slots=True)
@@ -52,29 +73,82 @@ class SchedulerOutput:
 
     Attributes:
         step_index: index of the (first) step in the run's step log.
-        phase: PREFILL or DECODE; None for an empty output (nothing to run now).
-        prefills: requests to prefill, in admission order.
-        decodes: running requests that decode one token per step, in admission order.
-        num_steps: consecutive decode steps this output covers (1 for prefill).
+        phase: the phase planned; None for an empty output (nothing to run now).
+        scheduled: every request in the step, decodes first, then prefill chunks
+            in the order they were scheduled.
+        num_steps: consecutive decode steps this output covers (1 unless a
+            multi-step decode run).
         preempted: requests preempted (by recompute) while planning this step.
     """
 
     step_index: int
     phase: Phase | None
-    prefills: list[PrefillItem] = field(default_factory=list)
-    decodes: list[Sequence] = field(default_factory=list)
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
     num_steps: int = 1
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to run."""
-        return not self.prefills and not self.decodes
+        return not self.scheduled
+
+    @property
+    def prefills(self) -> list[ScheduledSeq]:
+        """The prefill items (whole prompts or chunks), in scheduling order."""
+        return [item for item in self.scheduled if not item.is_decode]
+
+    @property
+    def decodes(self) -> list[ScheduledSeq]:
+        """The decode items, in running-set order."""
+        return [item for item in self.scheduled if item.is_decode]
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        """Tokens each request computes in the (first) step, by request id (vLLM v1's map)."""
+        return {item.seq.request_id: item.num_new_tokens for item in self.scheduled}
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens computed by the (first) step."""
+        return sum(item.num_new_tokens for item in self.scheduled)
 
     @property
     def num_prefill_tokens(self) -> int:
-        """Tokens computed by the prefills of this step."""
-        return sum(item.num_new_tokens for item in self.prefills)
+        """Tokens computed by the prefill items of the step."""
+        return sum(item.num_new_tokens for item in self.scheduled if not item.is_decode)
+
+    @property
+    def sampling(self) -> list[ScheduledSeq]:
+        """The items that sample a token, in order (one sampled id each from the executor)."""
+        return [item for item in self.scheduled if item.samples]
+
+
+class _StepTokens:
+    """Token room left while planning one step (``math.inf`` = no limit)."""
+
+    __slots__ = ("batched", "prefill")
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.batched: float = config.max_num_batched_tokens or math.inf
+        self.prefill: float = config.prefill_max_tokens or math.inf
+
+    def take(self, num_tokens: int, *, prefill: bool) -> None:
+        self.batched -= num_tokens
+        if prefill:
+            self.prefill -= num_tokens  # may go below 0: an oversize request alone
+
+    def give_back(self, num_tokens: int, *, prefill: bool) -> None:
+        self.batched += num_tokens
+        if prefill:
+            self.prefill += num_tokens
+
+    @property
+    def prefill_room(self) -> float:
+        return min(self.batched, self.prefill)
+
+
+def _limit(value: float) -> int | None:
+    return None if math.isinf(value) else int(value)
 
 
 class _WaitingView(SequenceABC[Sequence]):
@@ -102,8 +176,12 @@ class Scheduler:
 
     Args:
         config: limits and knobs.
-        policy: the composed policy (see ``roseinfer.registry.make_policy``).
+        policy: the composed policy (see ``roseinfer.registry.Registry.make``).
         policy_name: name used in :class:`PolicyError` messages.
+
+    Raises:
+        ValueError: if ``config.prefill_max_tokens`` is set for a policy that
+            ignores it.
 
     Every submitted request ends exactly once: finished, or rejected with a
     reason (too long for ``max_model_len``, more KV than the pool, aborted).
@@ -123,33 +201,34 @@ class Scheduler:
         self.block_manager = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.seqs: list[Sequence] = []
+        self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.step_end_s: list[float] = []
-        self.step_is_decode: list[bool] = []
+        self.num_submitted = 0
+        self.num_prefilling = 0  # running requests whose (re)prefill is unfinished
         self.num_preemptions = 0
         self.max_used_blocks = 0
         self._admission_round = 0
         self._phases: deque[Phase] = deque()
-        self._by_id: dict[str, Sequence] = {}
+        self._live: dict[str, Sequence] = {}
+        self._ended: list[Sequence] = []
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request, now_s: float) -> Sequence:
         """Submit a request (it waits for admission, or is rejected at once).
 
         Raises:
-            ValueError: if a request with the same id was already submitted.
+            ValueError: if a request with the same id is still waiting or running.
         """
-        if request.request_id in self._by_id:
+        if request.request_id in self._live:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        seq = Sequence(len(self.seqs), request)
-        self.seqs.append(seq)
-        self._by_id[request.request_id] = seq
+        seq = Sequence(self.num_submitted, request)
+        self.num_submitted += 1
         reason = self._reject_reason(request)
         if reason:
             self._end(seq, SeqStatus.REJECTED, now_s, reject_reason=reason)
         else:
+            self._live[request.request_id] = seq
             self.waiting.append(seq)
         return seq
 
@@ -174,38 +253,39 @@ class Scheduler:
         Returns:
             False if the request is unknown or already ended.
         """
-        seq = self._by_id.get(request_id)
-        if seq is None or seq.is_done:
+        seq = self._live.get(request_id)
+        if seq is None:
             return False
         if seq.status is SeqStatus.WAITING:
             self.waiting.remove(seq)
         else:
-            self.running.remove(seq)
-            self._close_segment(seq)
-            self.block_manager.free(seq)
+            self._leave_running(seq)
         self._end(seq, SeqStatus.REJECTED, now_s, reject_reason="aborted", stop_reason="abort")
         return True
 
     def get(self, request_id: str) -> Sequence | None:
-        """The state of a submitted request, or None."""
-        return self._by_id.get(request_id)
+        """The state of a waiting or running request, or None."""
+        return self._live.get(request_id)
 
     def has_unfinished(self) -> bool:
         """True while some request waits or runs."""
         return bool(self.waiting or self.running)
 
+    def pop_ended(self) -> list[Sequence]:
+        """Requests that ended since the last call (finished, rejected or aborted),
+        in the order they ended; the scheduler keeps no reference to them."""
+        ended, self._ended = self._ended, []
+        return ended
+
     # ---------------------------------------------------------------- schedule
-    def schedule(
-        self, now_s: float, max_decode_steps: int | Callable[[list[Sequence]], int] = 1
-    ) -> SchedulerOutput:
+    def schedule(self, now_s: float, num_decode_steps: int = 1) -> SchedulerOutput:
         """Plan the next step.
 
         Args:
             now_s: current time in seconds.
-            max_decode_steps: upper bound on decode steps one output may cover,
-                or a function of the decode batch returning it (the simulator
-                passes one that stops at the next arrival); the scheduler lowers
-                it so the result equals one-by-one steps.
+            num_decode_steps: when the step is a pure decode step, let it cover
+                this many consecutive decode steps; at most
+                :meth:`max_uneventful_decode_steps` (checked).
 
         Returns:
             A :class:`SchedulerOutput`; empty when there is nothing to run (no
@@ -213,38 +293,52 @@ class Scheduler:
 
         Raises:
             PolicyError: if a policy answer is invalid.
+            ValueError: if ``num_decode_steps`` exceeds what can run uneventfully.
         """
-        for _ in range(3):  # at most one whole iteration of (possibly empty) phases
-            if not self._phases:
-                if not self.has_unfinished():
-                    break
-                self._phases.extend(self._iteration_phases(now_s))
-            phase = self._phases.popleft()
-            if phase is Phase.PREFILL:
-                out = self._schedule_prefill(now_s)
-            else:
-                out = self._schedule_decode(now_s, max_decode_steps)
+        for phase in self._next_phases(now_s):
+            out = self._plan(phase, now_s)
             if not out.is_empty:
+                if num_decode_steps > 1:
+                    self._extend_decode_run(out, num_decode_steps)
                 return out
-        return SchedulerOutput(len(self.step_end_s), None)
+        if len(self.running) > self.num_prefilling:
+            # A whole iteration ran nothing (e.g. a prefill-only order with no room
+            # to admit): decode so running requests never idle.
+            return self._plan(Phase.DECODE, now_s)
+        return SchedulerOutput(self.step_log.num_steps, None)
 
-    def _free_seats(self) -> int:
-        cfg = self.config
-        return min(cfg.effective_prefill_max_seqs, cfg.max_num_seqs - len(self.running))
+    def _next_phases(self, now_s: float) -> Iterator[Phase]:
+        """The rest of the current iteration, then (once) a whole new one."""
+        while self._phases:
+            yield self._phases.popleft()
+        self._phases.extend(self._iteration_phases(now_s))
+        while self._phases:
+            yield self._phases.popleft()
 
     def _iteration_phases(self, now_s: float) -> tuple[Phase, ...]:
-        can_admit = bool(self.waiting) and self._free_seats() > 0
-        if not self.running:
+        has_decodes = len(self.running) > self.num_prefilling
+        if not self._has_prefill_work():
+            return (Phase.DECODE,) if has_decodes else ()
+        if not has_decodes:
             return (Phase.PREFILL,)
-        if not can_admit:
-            return (Phase.DECODE,)
         phases = self.policy.order(self._context(now_s))
-        if not phases or any(not isinstance(p, Phase) for p in phases):
+        if (
+            not isinstance(phases, (tuple, list))
+            or not phases
+            or any(not isinstance(p, Phase) for p in phases)
+        ):
             raise PolicyError(
                 f"loop order of policy {self.policy_name!r} returned {phases!r}; "
                 "expected a non-empty tuple of roseinfer.interface.Phase"
             )
         return tuple(phases)
+
+    def _free_seats(self) -> int:
+        cfg = self.config
+        return min(cfg.effective_prefill_max_seqs, cfg.max_num_seqs - len(self.running))
+
+    def _has_prefill_work(self) -> bool:
+        return self.num_prefilling > 0 or (bool(self.waiting) and self._free_seats() > 0)
 
     def _context(self, now_s: float) -> PolicyContext:
         bm = self.block_manager
@@ -262,63 +356,233 @@ class Scheduler:
             cost=cost,
         )
 
-    # ----------------------------------------------------------------- prefill
-    def _schedule_prefill(self, now_s: float) -> SchedulerOutput:
-        out = SchedulerOutput(len(self.step_end_s), Phase.PREFILL)
-        seats = self._free_seats()
-        if not self.waiting or seats <= 0:
-            return out
-        self._admission_round += 1
-        ctx = self._context(now_s)
-        budget = Budget(self.config.prefill_max_tokens, seats, self.block_manager.num_free_blocks)
-        selection = self.policy.admit(_WaitingView(self.waiting), budget, ctx)
-        self._validate_selection(selection, budget, ctx)
-        for seq in selection:
-            if not self.block_manager.can_allocate(seq):
-                break  # keep FIFO semantics: the rest wait for blocks
-            out.prefills.append(self._admit(seq, now_s, out.step_index))
-        self._remove_from_waiting({item.seq.seq_id for item in out.prefills})
+    def _plan(self, phase: Phase, now_s: float) -> SchedulerOutput:
+        out = SchedulerOutput(self.step_log.num_steps, phase)
+        room = _StepTokens(self.config)
+        if phase is not Phase.PREFILL:
+            self._schedule_decodes(out, room, now_s)
+        if phase is not Phase.DECODE:
+            self._schedule_partial_prefills(out, room, now_s)
+            if not out.preempted:  # as vLLM v1: no admission in a step that preempted
+                self._schedule_admissions(out, room, now_s)
         return out
 
-    def _admit(self, seq: Sequence, now_s: float, step_index: int) -> PrefillItem:
+    # ------------------------------------------------------------ running set
+    def _schedule_decodes(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
+        """One token for every decoding request, preempting by recompute when
+        the pool is dry (victim chosen by the policy)."""
+        for seq in list(self.running):
+            if seq.status is SeqStatus.RUNNING and seq.is_decoding:
+                if self._reserve(seq, seq.num_tokens, out, room, now_s):
+                    n = seq.num_computed_tokens
+                    out.scheduled.append(ScheduledSeq(seq, n, 1, True, True))
+                    room.take(1, prefill=False)
+
+    def _schedule_partial_prefills(
+        self, out: SchedulerOutput, room: _StepTokens, now_s: float
+    ) -> None:
+        """The next chunk of every running request whose prefill is unfinished."""
+        if not self.num_prefilling:
+            return
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING or seq.is_decoding:
+                continue
+            chunk = self._chunk_size(seq.num_uncomputed_tokens, room.prefill_room)
+            if chunk <= 0:
+                break
+            start = seq.num_computed_tokens
+            if not self._reserve(seq, start + chunk, out, room, now_s):
+                break
+            out.scheduled.append(self._item(seq, start, chunk))
+            room.take(chunk, prefill=True)
+
+    def _chunk_size(self, num_uncomputed: int, room: float) -> int:
+        """Tokens of a prefill to compute now: all of them, or (chunked prefill)
+        what fits ``room`` and the per-request threshold; 0 if it must wait."""
+        if not self.config.enable_chunked_prefill:
+            return num_uncomputed if num_uncomputed <= room else 0
+        threshold = self.config.long_prefill_token_threshold or math.inf
+        return int(min(num_uncomputed, room, threshold))
+
+    def _item(self, seq: Sequence, start: int, num_new: int) -> ScheduledSeq:
+        """A prefill item (whole prompt or chunk) of a request in prefill."""
+        return ScheduledSeq(seq, start, num_new, start + num_new == seq.num_tokens, False)
+
+    def _reserve(
+        self,
+        seq: Sequence,
+        num_tokens: int,
+        out: SchedulerOutput,
+        room: _StepTokens,
+        now_s: float,
+    ) -> bool:
+        """Grow ``seq``'s blocks to ``num_tokens`` tokens, preempting until they fit.
+
+        Returns:
+            False if ``seq`` itself was preempted.
+        """
         bm = self.block_manager
-        num_cached = bm.allocate(seq)
-        if seq.num_cached_prompt_tokens < 0:
+        while not bm.can_grow(seq, num_tokens):
+            victim = self._pick_victim(now_s)
+            self._unschedule(out, victim, room)
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        bm.grow(seq, num_tokens)
+        return True
+
+    def _unschedule(self, out: SchedulerOutput, victim: Sequence, room: _StepTokens) -> None:
+        for i, item in enumerate(out.scheduled):
+            if item.seq is victim:
+                del out.scheduled[i]
+                room.give_back(item.num_new_tokens, prefill=not item.is_decode)
+                return
+
+    def _pick_victim(self, now_s: float) -> Sequence:
+        victim = self.policy.select_victim(list(self.running), self._context(now_s))
+        if victim not in self.running:
+            raise PolicyError(f"policy {self.policy_name!r} chose a victim that is not running")
+        return victim
+
+    def _leave_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        if seq.in_prefill:
+            self.num_prefilling -= 1
+            seq.in_prefill = False
+        self._close_stay(seq)
+        self.block_manager.free(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._leave_running(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)  # recompute first, as vLLM does
+
+    # ------------------------------------------------------------- admission
+    def _schedule_admissions(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
+        seats = self._free_seats()
+        if not self.waiting or seats <= 0 or room.prefill_room <= 0:
+            return
+        self._admission_round += 1
+        ctx = self._context(now_s)
+        budget = Budget(
+            max_tokens=_limit(room.prefill) if self.config.prefill_max_tokens else None,
+            max_seqs=seats,
+            num_free_blocks=self.block_manager.num_free_blocks,
+            max_batched_tokens=_limit(room.batched),
+        )
+        choices = self._validated(self.policy.admit(_WaitingView(self.waiting), budget, ctx), budget, ctx)
+        admitted: set[int] = set()
+        for seq, num_tokens in choices:
+            item = self._admit(seq, num_tokens, out, room, now_s)
+            if item is None:
+                break  # keep FIFO semantics: the rest wait (blocks, room, partial cap)
+            out.scheduled.append(item)
+            admitted.add(seq.seq_id)
+        self._remove_from_waiting(admitted)
+
+    def _admit(
+        self,
+        seq: Sequence,
+        num_tokens: int | None,
+        out: SchedulerOutput,
+        room: _StepTokens,
+        now_s: float,
+    ) -> ScheduledSeq | None:
+        """Admit ``seq`` with a chunk (``num_tokens``, or sized here); None if it
+        cannot start this step."""
+        bm = self.block_manager
+        num_cached = bm.num_cached_tokens(seq)
+        num_uncomputed = seq.num_tokens - num_cached
+        chunk = num_tokens or self._chunk_size(num_uncomputed, room.batched)
+        if chunk <= 0 or chunk > room.batched:
+            return None
+        if chunk < num_uncomputed and not self._may_start_partial(out):
+            return None
+        if not bm.can_allocate(seq, num_cached + chunk):
+            return None
+        bm.allocate(seq, num_cached + chunk)
+        if seq.num_cached_prompt_tokens is None:
             seq.num_cached_prompt_tokens = min(num_cached, seq.num_prompt_tokens)
             seq.admitted_s = now_s
             bm.record_prefix_query(seq, seq.num_cached_prompt_tokens)
         seq.status = SeqStatus.RUNNING
         seq.num_computed_tokens = num_cached
-        seq.segments.append([step_index, -1])
+        seq.stays.append([None, None])
+        seq.in_prefill = True
         self.running.append(seq)
-        return PrefillItem(seq, num_cached, seq.num_tokens - num_cached)
+        self.num_prefilling += 1
+        room.take(chunk, prefill=True)
+        return self._item(seq, num_cached, chunk)
 
-    def _validate_selection(
-        self, selection: list[Sequence], budget: Budget, ctx: PolicyContext
-    ) -> None:
+    def _may_start_partial(self, out: SchedulerOutput) -> bool:
+        cap = self.config.max_num_partial_prefills
+        if cap is None:
+            return True
+        in_progress = self.num_prefilling
+        completing = sum(1 for item in out.scheduled if item.samples and not item.is_decode)
+        return in_progress - completing < cap
+
+    def _validated(
+        self, selection: object, budget: Budget, ctx: PolicyContext
+    ) -> list[tuple[Sequence, int | None]]:
+        """The policy's answer as ``(seq, chunk or None)`` pairs, checked.
+
+        Raises:
+            PolicyError: naming the plugin and what is wrong.
+        """
         where = f"policy {self.policy_name!r}"
         if not isinstance(selection, list):
             raise PolicyError(f"{where} returned {type(selection).__name__}, expected a list")
+        choices = [self._choice(where, choice, budget, ctx) for choice in selection]
         seen: set[int] = set()
-        for seq in selection:
-            if not isinstance(seq, Sequence) or self._by_id.get(seq.request_id) is not seq:
-                raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
-            if seq.status is not SeqStatus.WAITING:
-                raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
+        for seq, _ in choices:
             if seq.seq_id in seen:
                 raise PolicyError(f"{where} selected {seq!r} twice")
             seen.add(seq.seq_id)
-        if len(selection) > budget.max_seqs:
+        if len(choices) > budget.max_seqs:
             raise PolicyError(
-                f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
+                f"{where} selected {len(choices)} requests; at most {budget.max_seqs} fit"
             )
-        if len(selection) > 1 and budget.max_tokens is not None:
-            total = sum(ctx.cost(seq) for seq in selection)
+        explicit = sum(n for _, n in choices if n is not None)
+        if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
+            raise PolicyError(
+                f"{where} asked for {explicit} chunk tokens; the step has "
+                f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
+            )
+        if len(choices) > 1 and budget.max_tokens is not None:
+            total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
             if total > budget.max_tokens:
                 raise PolicyError(
                     f"{where} selected {total} prompt tokens over a budget of "
                     f"{budget.max_tokens} (only a single request may exceed it)"
                 )
+        return choices
+
+    def _choice(
+        self, where: str, choice: object, budget: Budget, ctx: PolicyContext
+    ) -> tuple[Sequence, int | None]:
+        seq, num_tokens = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
+        if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
+            raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
+        if seq.status is not SeqStatus.WAITING:
+            raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
+        if num_tokens is None:
+            return seq, None
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+            raise PolicyError(f"{where} gave {seq!r} a chunk of {num_tokens!r}; expected an int")
+        if not self.config.enable_chunked_prefill:
+            raise PolicyError(f"{where} asked for a chunk of {seq!r} but chunked prefill is off")
+        cost = ctx.cost(seq)
+        if not 0 < num_tokens <= cost:
+            raise PolicyError(
+                f"{where} gave {seq!r} a chunk of {num_tokens} tokens; expected 1..{cost} "
+                "(its uncached tokens)"
+            )
+        return seq, num_tokens
 
     def _remove_from_waiting(self, seq_ids: set[int]) -> None:
         if not seq_ids:
@@ -333,75 +597,51 @@ class Scheduler:
                 kept.append(seq)
         self.waiting.extendleft(reversed(kept))
 
-    # ------------------------------------------------------------------ decode
-    def _schedule_decode(
-        self, now_s: float, max_steps: int | Callable[[list[Sequence]], int]
-    ) -> SchedulerOutput:
-        out = SchedulerOutput(len(self.step_end_s), Phase.DECODE)
-        if not self.running:
-            return out
-        num_steps = self._max_jump(max_steps)
-        if num_steps > 1:
-            for seq in self.running:
-                self.block_manager.grow(seq, seq.num_tokens + num_steps - 1)
-        else:
-            self._reserve_one_slot_each(now_s, out)
-        out.decodes = list(self.running)
-        out.num_steps = num_steps
-        return out
+    # ------------------------------------------------------ multi-step decode
+    def max_uneventful_decode_steps(self) -> int:
+        """Decode steps that could run back to back with nothing changing: every
+        running request decodes, none can be admitted, none stops before the last
+        step (exact output lengths), and the pool holds every block they need.
 
-    def _max_jump(self, max_steps: int | Callable[[list[Sequence]], int]) -> int:
-        """Decode steps that can run back to back with nothing changing."""
-        if max_steps == 1 or (self.waiting and self._free_seats() > 0):
+        Returns:
+            >= 1 (1 when the next step is not such a run).
+        """
+        if not self.running or self.num_prefilling or (self.waiting and self._free_seats() > 0):
             return 1
+        steps = math.inf
         for seq in self.running:
             if not seq.request.sampling.ignore_eos:
                 return 1
-        steps = max_steps(self.running) if callable(max_steps) else max_steps
-        for seq in self.running:
             steps = min(steps, seq.remaining_output_tokens)
-        while steps > 1 and self._blocks_to_grow(steps) > self.block_manager.num_free_blocks:
-            steps //= 2
-        return max(steps, 1)
+        num_steps = int(steps)
+        free = self.block_manager.num_free_blocks
+        while num_steps > 1 and self._blocks_to_grow(num_steps) > free:
+            num_steps //= 2
+        return max(num_steps, 1)
 
     def _blocks_to_grow(self, num_steps: int) -> int:
         bm = self.block_manager
         return sum(bm.num_blocks_to_grow(s, s.num_tokens + num_steps - 1) for s in self.running)
 
-    def _reserve_one_slot_each(self, now_s: float, out: SchedulerOutput) -> None:
-        """Give each running request a slot for its next token, preempting by
-        recompute when the pool is dry (victim chosen by the policy)."""
-        bm = self.block_manager
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            while not bm.can_grow(seq, seq.num_tokens):
-                victim = self._pick_victim(now_s)
-                if self.running.index(victim) < i:
-                    i -= 1  # it already had its slot; the list shifts left
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is seq:
-                    break
-            else:
-                bm.grow(seq, seq.num_tokens)
-                i += 1
-
-    def _pick_victim(self, now_s: float) -> Sequence:
-        victim = self.policy.select_victim(list(self.running), self._context(now_s))
-        if victim not in self.running:
-            raise PolicyError(f"policy {self.policy_name!r} chose a victim that is not running")
-        return victim
-
-    def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self._close_segment(seq)
-        self.block_manager.free(seq)
-        seq.status = SeqStatus.WAITING
-        seq.num_computed_tokens = 0
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)  # recompute first, as vLLM does
+    def _extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
+        eventful = (
+            out.preempted
+            or len(out.scheduled) != len(self.running)
+            or (self.waiting and self._free_seats() > 0)
+            or any(
+                not item.is_decode
+                or item.seq.remaining_output_tokens < num_steps
+                or not item.seq.request.sampling.ignore_eos
+                for item in out.scheduled
+            )
+        )
+        if eventful:
+            raise ValueError(
+                f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()"
+            )
+        for item in out.scheduled:  # raises RuntimeError if the pool is short
+            self.block_manager.grow(item.seq, item.seq.num_tokens + num_steps - 1)
+        out.num_steps = num_steps
 
     # ------------------------------------------------------------------ update
     def update(
@@ -415,63 +655,65 @@ class Scheduler:
         Args:
             out: the output returned by :meth:`schedule`.
             end_times_s: end time (s) of the step, or of each of its ``num_steps`` steps.
-            sampled_token_ids: one token id per prefill then per decode (executor;
+            sampled_token_ids: one token id per item of ``out.sampling`` (executor;
                 single-step outputs only), or None when only counts matter.
 
         Returns:
             The requests that finished in this step.
+
+        Raises:
+            ValueError: on a wrong number of end times or token ids.
         """
-        ends = [float(end_times_s)] if isinstance(end_times_s, (int, float)) else list(end_times_s)
+        ends = [float(end_times_s)] if isinstance(end_times_s, (int, float)) else end_times_s
         if len(ends) != out.num_steps:
             raise ValueError(f"expected {out.num_steps} end times, got {len(ends)}")
-        is_decode = out.phase is Phase.DECODE
-        self.step_end_s.extend(ends)
-        self.step_is_decode.extend([is_decode] * len(ends))
+        self.step_log.append(ends, carries_decodes=out.phase is not Phase.PREFILL)
         self.max_used_blocks = max(self.max_used_blocks, self.block_manager.num_used_blocks)
-        seqs = [item.seq for item in out.prefills] if not is_decode else out.decodes
-        if not is_decode:
-            for seq in seqs:
-                seq.num_computed_tokens = seq.num_tokens
-        else:
-            for seq in seqs:
-                seq.num_computed_tokens = seq.num_tokens + out.num_steps - 1
-        return self._append_tokens(seqs, out.num_steps, ends[-1], sampled_token_ids)
-
-    def _append_tokens(
-        self,
-        seqs: list[Sequence],
-        num_steps: int,
-        end_s: float,
-        token_ids: SequenceABC[int] | None,
-    ) -> list[Sequence]:
+        tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
         finished: list[Sequence] = []
-        for i, seq in enumerate(seqs):
-            seq.num_output_tokens += num_steps
-            stop = False
-            if token_ids is not None:
-                token = int(token_ids[i])
-                seq.output_token_ids.append(token)
-                sampling = seq.request.sampling
-                stop = not sampling.ignore_eos and token in sampling.stop_token_ids
-            if stop or seq.remaining_output_tokens <= 0:
+        for item in out.scheduled:
+            seq = item.seq
+            seq.num_computed_tokens = item.num_context_tokens + out.num_steps - 1
+            if not item.samples:
+                continue
+            if not item.is_decode:
+                seq.in_prefill = False  # its prefill is complete
+                self.num_prefilling -= 1
+            if self._append_tokens(item, out, tokens, float(ends[-1])):
                 finished.append(seq)
-                self._finish(seq, end_s, "stop" if stop else "length")
         if finished:
             done = {s.seq_id for s in finished}
             self.running = [s for s in self.running if s.seq_id not in done]
         return finished
 
-    def _finish(self, seq: Sequence, end_s: float, stop_reason: str) -> None:
-        self._close_segment(seq)
+    def _append_tokens(
+        self, item: ScheduledSeq, out: SchedulerOutput, tokens: Iterator[int] | None, end_s: float
+    ) -> bool:
+        """Add the sampled token(s) of ``item``; returns True if its request finished."""
+        seq = item.seq
+        stay = seq.stays[-1]
+        if stay[0] is None:
+            stay[0] = out.step_index
+        seq.num_output_tokens += out.num_steps
+        stop = False
+        if tokens is not None:
+            token = int(next(tokens))
+            seq.output_token_ids.append(token)
+            sampling = seq.request.sampling
+            stop = not sampling.ignore_eos and token in sampling.stop_token_ids
+        if not stop and seq.remaining_output_tokens > 0:
+            return False
+        self._close_stay(seq)
         self.block_manager.free(seq)
-        self._end(seq, SeqStatus.FINISHED, end_s, stop_reason=stop_reason)
+        self._end(seq, SeqStatus.FINISHED, end_s, stop_reason="stop" if stop else "length")
+        return True
 
-    def _close_segment(self, seq: Sequence) -> None:
-        if seq.segments and seq.segments[-1][1] < 0:
-            seq.segments[-1][1] = len(self.step_end_s) - 1
+    def _close_stay(self, seq: Sequence) -> None:
+        if seq.stays and seq.stays[-1][1] is None:
+            seq.stays[-1][1] = self.step_log.num_steps - 1
 
-    @staticmethod
     def _end(
+        self,
         seq: Sequence,
         status: SeqStatus,
         now_s: float,
@@ -485,8 +727,17 @@ class Scheduler:
         seq.finish_s = now_s
         seq.reject_reason = reject_reason
         seq.stop_reason = stop_reason
+        self._live.pop(seq.request_id, None)
+        self._ended.append(seq)
 
     # ------------------------------------------------------------------ checks
+    def stall_message(self) -> str:
+        """Why a run cannot go on when nothing is schedulable but requests wait."""
+        return (
+            f"policy {self.policy_name!r} admitted nothing with {len(self.waiting)} requests "
+            "waiting and nothing running; the run would never finish"
+        )
+
     def check_invariants(self) -> None:
         """Assert KV accounting and queue consistency (tests, end of runs).
 
@@ -499,5 +750,8 @@ class Scheduler:
         for seq in self.waiting:
             assert seq.status is SeqStatus.WAITING, f"{seq} in waiting queue"
         assert len(self.running) <= self.config.max_num_seqs, "running set over max_num_seqs"
+        assert len(self._live) == len(self.running) + len(self.waiting), "live map out of sync"
+        prefilling = sum(1 for seq in self.running if seq.in_prefill)
+        assert prefilling == self.num_prefilling, "prefilling count out of sync"
         if not self.has_unfinished():
             assert self.block_manager.num_used_blocks == 0, "KV blocks leaked"

@@ -11,36 +11,48 @@ class SeqStatus(enum.Enum):
     """Where a request is in its life."""
 
     WAITING = "waiting"  # in the waiting queue (new, or preempted)
-    RUNNING = "running"  # holds KV blocks, decodes every iteration
+    RUNNING = "running"  # holds KV blocks; prefilling (maybe in chunks) or decoding
     FINISHED = "finished"  # produced its last output token
-    REJECTED = "rejected"  # never admitted (see ``reject_reason``)
+    REJECTED = "rejected"  # never admitted, or aborted (see ``reject_reason``)
 
 
 class Sequence:
     """Scheduler state of one request.
 
-    Token accounting follows vLLM's ``num_computed_tokens``: the sequence has
-    ``num_tokens = num_prompt_tokens + num_output_tokens`` tokens; KV exists for
-    ``num_computed_tokens`` of them. A prefill computes every token not cached
-    and samples one new token; a decode computes the last token and samples one.
-    After a preemption (recompute) the KV is dropped and the next prefill
-    computes prompt and output tokens again.
+    Token accounting follows vLLM v1's ``num_computed_tokens``: the sequence has
+    ``num_tokens = num_prompt_tokens + num_output_tokens`` tokens, and KV exists
+    for the first ``num_computed_tokens`` of them. A step computes
+    ``num_new_tokens`` more; when that reaches ``num_tokens`` the step samples
+    one new token. So a whole-prompt prefill, a prefill chunk and a decode (the
+    one token sampled last, ``num_tokens - num_computed_tokens == 1``) are one
+    mechanism. After a preemption (recompute) the KV is dropped and the request
+    computes its prompt and output tokens again.
 
     Attributes:
-        seq_id: dense integer id (index of submission), used for arrays.
+        seq_id: dense integer id (index of submission).
         request: the immutable request.
         status: :class:`SeqStatus`.
         num_output_tokens: tokens generated so far.
-        num_computed_tokens: tokens whose KV is in the cache.
+        num_computed_tokens: tokens whose KV is in the cache (or is being
+            written by the step in flight).
         output_token_ids: generated ids when the backend reports them (executor).
-        num_cached_prompt_tokens: prefix-cache hit of the first admission (tokens).
+        num_cached_prompt_tokens: prefix-cache hit of the first admission
+            (tokens); None before it.
         num_preemptions: times it was preempted.
-        admitted_s: start time of the first step that prefilled it.
-        finish_s: end time of the step that produced its last token.
+        admitted_s: start time of the first step that scheduled it; None before.
+        finish_s: end time of the step that produced its last token, or the time
+            it was rejected/aborted; None while unfinished.
         reject_reason: why it was rejected ("" otherwise).
-        segments: ``[prefill_step, last_step]`` step indices of each stay in the
-            running set (one per admission); the last one is open (-1) while running.
+        stays: one ``[first_token_step, last_step]`` pair per stay in the running
+            set (one per admission): the step that sampled its first token of the
+            stay (None until then) and the step it left in (None while running).
         stop_reason: "length", "stop" (EOS/stop token), "abort", or "".
+        in_prefill: True from an admission until the step that completes its
+            (re)prefill (which samples a token); then it decodes.
+        block_hashes: chained hashes of its full prompt blocks, computed once
+            by the BlockManager.
+        prefix_hit: the BlockManager's memo of this request's prefix-cache hit
+            (see ``BlockManager.lookup``).
     """
 
     __slots__ = (
@@ -55,9 +67,11 @@ class Sequence:
         "admitted_s",
         "finish_s",
         "reject_reason",
-        "segments",
+        "stays",
         "stop_reason",
+        "in_prefill",
         "block_hashes",
+        "prefix_hit",
     )
 
     def __init__(self, seq_id: int, request: Request) -> None:
@@ -67,14 +81,16 @@ class Sequence:
         self.num_output_tokens = 0
         self.num_computed_tokens = 0
         self.output_token_ids: list[int] = []
-        self.num_cached_prompt_tokens = -1  # set at first admission
+        self.num_cached_prompt_tokens: int | None = None
         self.num_preemptions = 0
-        self.admitted_s = float("nan")
-        self.finish_s = float("nan")
+        self.admitted_s: float | None = None
+        self.finish_s: float | None = None
         self.reject_reason = ""
-        self.segments: list[list[int]] = []
+        self.stays: list[list[int | None]] = []
         self.stop_reason = ""
-        self.block_hashes: list[int] | None = None  # cached by the BlockManager
+        self.in_prefill = False
+        self.block_hashes: list[int] | None = None
+        self.prefix_hit: object | None = None
 
     @property
     def request_id(self) -> str:
@@ -92,6 +108,17 @@ class Sequence:
         return self.request.num_prompt_tokens + self.num_output_tokens
 
     @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to compute before the next token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when running with its (re)prefill complete: each step computes its
+        last sampled token and samples the next."""
+        return self.status is SeqStatus.RUNNING and not self.in_prefill
+
+    @property
     def arrival_time_s(self) -> float:
         """Arrival time in seconds."""
         return self.request.arrival_time_s
@@ -106,8 +133,8 @@ class Sequence:
         """True once finished or rejected."""
         return self.status in (SeqStatus.FINISHED, SeqStatus.REJECTED)
 
-    def token_ids(self) -> list[int]:
-        """Prompt plus output token ids (needs prompt ids; used by the executor).
+    def token_ids(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Token ids ``[start, end)`` of prompt plus output (needs prompt ids; executor).
 
         Raises:
             ValueError: if the request has no prompt token ids.
@@ -118,10 +145,18 @@ class Sequence:
                 f"request {self.request_id} has no prompt token ids; the executor needs "
                 "them (roseinfer.workloads.with_token_ids makes them up for a trace)"
             )
-        return [*ids, *self.output_token_ids]
+        end = self.num_tokens if end is None else end
+        num_prompt = len(ids)
+        if end <= num_prompt:
+            return list(ids[start:end])
+        out = self.output_token_ids
+        if start >= num_prompt:
+            return out[start - num_prompt : end - num_prompt]
+        return [*ids[start:], *out[: end - num_prompt]]
 
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.value}, "
-            f"prompt={self.num_prompt_tokens}, out={self.num_output_tokens})"
+            f"prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens})"
         )

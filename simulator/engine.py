@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
@@ -20,15 +21,13 @@ import numpy as np
 import pandas as pd
 
 from roseinfer.config import SchedulerConfig
-from roseinfer.interface import Phase, PolicyError
-from roseinfer.records import records_frame
+from roseinfer.driver import StepResult, VirtualClock, drive
+from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
 from roseinfer.sequence import Sequence
 from roseinfer.simulator.cost_model import BatchShape, CostModel
-
-_NO_LIMIT = 1 << 30
 
 
 @dataclass(slots=True)
@@ -54,24 +53,58 @@ class SimResult:
     @property
     def duration_s(self) -> float:
         """Simulated seconds from the first arrival to the last step end."""
-        ends = self.scheduler.step_end_s
-        if not ends:
+        ends = self.scheduler.step_log.end_s
+        if not len(ends):
             return 0.0
         first = float(self.records["arrival_s"].min()) if len(self.records) else 0.0
-        return ends[-1] - first
+        return float(ends[-1]) - first
 
 
 def batch_shape(out: SchedulerOutput) -> BatchShape:
-    """The cost model's view of a one-step output."""
-    empty = np.zeros(0, dtype=np.int64)
-    if out.phase is Phase.PREFILL:
-        new = np.fromiter((p.num_new_tokens for p in out.prefills), np.int64, len(out.prefills))
-        cached = np.fromiter(
-            (p.num_cached_tokens for p in out.prefills), np.int64, len(out.prefills)
-        )
-        return BatchShape(new, cached + new, empty)
-    ctx = np.fromiter((s.num_tokens for s in out.decodes), np.int64, len(out.decodes))
-    return BatchShape(empty, empty, ctx)
+    """The cost model's view of a one-step output: prefill chunks (new tokens and
+    context after the step) and decodes (context including the decoded token)."""
+    prefills = out.prefills
+    decodes = out.decodes
+    new = np.fromiter((p.num_new_tokens for p in prefills), np.int64, len(prefills))
+    context = np.fromiter((p.num_context_tokens for p in prefills), np.int64, len(prefills))
+    decode_ctx = np.fromiter((d.num_context_tokens for d in decodes), np.int64, len(decodes))
+    return BatchShape(new, context, decode_ctx)
+
+
+class CostModelBackend:
+    """Prices each step with a cost model; plans uneventful decode runs as one
+    output that ends before the next arrival is due.
+
+    Args:
+        cost_model: maps a step's batch shape to seconds.
+        jump: plan multi-step decode runs (False: one step per output).
+    """
+
+    def __init__(self, cost_model: CostModel, *, jump: bool = True) -> None:
+        self.cost_model = cost_model
+        self.jump = jump
+        self._run_times_s = np.empty(0)
+
+    def decode_run_length(
+        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+    ) -> int:
+        """Decode steps that end before ``next_arrival_s`` is seen (an arrival is
+        noticed at the end of the step it falls in), at most ``max_steps``."""
+        if not self.jump:
+            return 1
+        running = scheduler.running
+        context = np.fromiter((s.num_tokens for s in running), np.int64, len(running))
+        self._run_times_s = self.cost_model.decode_run_times_s(context, max_steps)
+        if math.isinf(next_arrival_s):
+            return max_steps
+        ends = now_s + np.cumsum(self._run_times_s)
+        return min(max_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
+
+    def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
+        """End times of the output's steps, from the cost model."""
+        if out.num_steps > 1:
+            return StepResult((now_s + np.cumsum(self._run_times_s[: out.num_steps])).tolist())
+        return StepResult([now_s + self.cost_model.step_time_s(batch_shape(out))])
 
 
 class Simulator:
@@ -98,8 +131,16 @@ class Simulator:
         self.policy = registry.make(config.policy, config.loop_order, config.options)
         self.jump = jump
 
-    def run(self, requests: SequenceABC[Request]) -> SimResult:
+    def run(
+        self,
+        requests: SequenceABC[Request],
+        on_ended: Callable[[list[Sequence]], None] | None = None,
+    ) -> SimResult:
         """Simulate ``requests`` (any order; sorted by arrival) to completion.
+
+        Args:
+            on_ended: also called with each batch of requests that ended (e.g. a
+                progress bar).
 
         Raises:
             PolicyError: if a policy answer is invalid or the run stalls.
@@ -107,67 +148,24 @@ class Simulator:
         start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         sched = Scheduler(self.config, self.policy, self.policy.label)
-        now, i = 0.0, 0
-        run_times: list[np.ndarray] = []
-        while True:
-            while i < len(reqs) and reqs[i].arrival_time_s <= now:
-                sched.add_request(reqs[i], reqs[i].arrival_time_s)
-                i += 1
-            next_arrival = reqs[i].arrival_time_s if i < len(reqs) else math.inf
-            limit = self._jump_limit(now, next_arrival, run_times) if self.jump else 1
-            out = sched.schedule(now, limit)
-            if out.is_empty:
-                if sched.has_unfinished() and i >= len(reqs):
-                    raise PolicyError(_stall_message(sched))
-                if i >= len(reqs):
-                    break
-                now = max(now, next_arrival)
-                continue
-            ends = self._step_ends(now, out, run_times)
-            sched.update(out, ends)
-            now = ends[-1]
+        records = RecordBuilder()
+
+        def ended(seqs: list[Sequence]) -> None:
+            records.extend(seqs, sched.step_log)
+            if on_ended is not None:
+                on_ended(seqs)
+
+        backend = CostModelBackend(self.cost_model, jump=self.jump)
+        drive(sched, reqs, backend, VirtualClock(), ended)
         sched.check_invariants()
         return SimResult(
-            records=records_frame(sched),
+            records=records.frame(),
             scheduler=sched,
             policy=self.policy.label,
             wall_s=time.perf_counter() - start,
-            num_steps=len(sched.step_end_s),
+            num_steps=sched.step_log.num_steps,
             info={"cost_model": self.cost_model.describe()},
         )
-
-    def _jump_limit(self, now: float, next_arrival: float, run_times: list[np.ndarray]):  # type: ignore[no-untyped-def]
-        """A callback giving the decode steps that end before the next arrival is
-        seen: the arrival is noticed at the end of the step it falls in."""
-
-        def limit(running: list[Sequence]) -> int:
-            max_steps = min(s.remaining_output_tokens for s in running)
-            if max_steps <= 1:
-                return 1
-            ctx = np.fromiter((s.num_tokens for s in running), np.int64, len(running))
-            durations = self.cost_model.decode_run_times_s(ctx, max_steps)
-            run_times[:] = [durations]
-            if math.isinf(next_arrival):
-                return max_steps
-            ends = now + np.cumsum(durations)
-            return min(max_steps, int(np.searchsorted(ends, next_arrival, side="left")) + 1)
-
-        return limit
-
-    def _step_ends(
-        self, now: float, out: SchedulerOutput, run_times: list[np.ndarray]
-    ) -> list[float]:
-        if out.num_steps > 1:
-            durations = run_times[0][: out.num_steps]
-            return (now + np.cumsum(durations)).tolist()
-        return [now + self.cost_model.step_time_s(batch_shape(out))]
-
-
-def _stall_message(sched: Scheduler) -> str:
-    return (
-        f"policy {sched.policy_name!r} admitted nothing with {len(sched.waiting)} requests "
-        "waiting and nothing running; the run would never finish"
-    )
 
 
 def simulate(

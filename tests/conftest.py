@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
+import pandas as pd
+
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import Budget, PolicyContext, PolicyOptions
+from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler
@@ -70,3 +75,13 @@ def make_scheduler(registry: Registry, **cfg) -> Scheduler:
     )
     policy = registry.make(config.policy, config.loop_order, config.options)
     return Scheduler(config, policy, policy.label)
+
+
+_RECORDS: weakref.WeakKeyDictionary[Scheduler, RecordBuilder] = weakref.WeakKeyDictionary()
+
+
+def records_of(sched: Scheduler) -> pd.DataFrame:
+    """Records of every request that ended in ``sched`` so far (pops its ended requests)."""
+    builder = _RECORDS.setdefault(sched, RecordBuilder(keep_token_ids=True))
+    builder.extend(sched.pop_ended(), sched.step_log)
+    return builder.frame()

@@ -123,7 +123,6 @@ def run(engine: Engine, requests: list[Request]) -> tuple[RunResult, list[Schedu
     sched._end = counted_end
     result = engine.run(requests)
     assert dict(ends) == {r.request_id: 1 for r in requests}, "a request did not end exactly once"
-    assert all(s.is_done for s in sched.seqs)
     assert sched.block_manager.num_used_blocks == 0
     sched.check_invariants()
     assert len(result.records) == len(requests)
@@ -131,7 +130,8 @@ def run(engine: Engine, requests: list[Request]) -> tuple[RunResult, list[Schedu
 
 
 def outputs(result: RunResult) -> dict[str, list[int]]:
-    return {s.request_id: list(s.output_token_ids) for s in result.scheduler.seqs}
+    records = result.records
+    return dict(zip(records["request_id"], map(list, records["output_token_ids"])))
 
 
 def assert_matches_generate(model, requests: list[Request], result: RunResult) -> None:
@@ -266,9 +266,9 @@ def test_stop_token_ends_a_request_early():
     got = outputs(result)
     assert got["r0"] == full[: stop_at + 1]
     assert got["r1"] == full
-    seqs = {s.request_id: s for s in result.scheduler.seqs}
-    assert seqs["r0"].stop_reason == "stop" and seqs["r1"].stop_reason == "length"
-    assert seqs["r0"].status is SeqStatus.FINISHED
+    rec = result.records.set_index("request_id")
+    assert rec.loc["r0", "stop_reason"] == "stop" and rec.loc["r1", "stop_reason"] == "length"
+    assert rec.loc["r0", "status"] == "finished"
     assert list(result.records["num_output_tokens"]) == [stop_at + 1, 10]
 
 
@@ -282,7 +282,8 @@ def test_requests_without_token_ids_are_refused_before_any_step():
         engine.run([request(2, [1, 5000, 2], 3)])
     with pytest.raises(ValueError, match="no prompt token ids"):
         engine.add_request(Request("x", 0.0, 5, 3))
-    assert not engine.scheduler.seqs and engine.scheduler.block_manager.num_used_blocks == 0
+    assert engine.scheduler.num_submitted == 0
+    assert engine.scheduler.block_manager.num_used_blocks == 0
 
 
 def test_rejected_last_request_does_not_stall_the_run():
@@ -332,8 +333,9 @@ def test_step_timings_are_recorded_when_asked():
     )
     engine = Engine(runner, config, record_timings=True)
     result = engine.run([request(i, random_ids(5, i), 3) for i in range(2)])
-    assert len(result.timings) == len(result.scheduler.step_end_s) == 3
+    assert len(result.timings) == result.scheduler.step_log.num_steps == 3
     assert [t.phase for t in result.timings] == ["prefill", "decode", "decode"]
-    assert all(t.forward_s > 0 and t.num_seqs == 2 for t in result.timings)
-    ends = result.scheduler.step_end_s
+    assert [t.num_tokens for t in result.timings] == [10, 2, 2]
+    assert all(t.forward_s > 0 and t.host_s >= 0 and t.num_seqs == 2 for t in result.timings)
+    ends = list(result.scheduler.step_log.end_s)
     assert ends == sorted(ends) and result.duration_s == pytest.approx(ends[-1])

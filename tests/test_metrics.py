@@ -50,6 +50,7 @@ def finished(rid, arrival, admitted, tokens, *, prompt=10, cached=0, preempt=0, 
         "num_output_tokens": len(times),
         "num_cached_prompt_tokens": cached,
         "num_preemptions": preempt,
+        "stop_reason": "length",
         "token_times_s": times,
     }
 
@@ -68,6 +69,7 @@ def rejected(rid, arrival, *, prompt=5000, tenant=None):
         "num_output_tokens": 0,
         "num_cached_prompt_tokens": 0,
         "num_preemptions": 0,
+        "stop_reason": "",
         "token_times_s": np.empty(0),
     }
 
@@ -248,6 +250,7 @@ def test_summary_is_fast_on_four_million_tokens():
             "num_output_tokens": num_tokens,
             "num_cached_prompt_tokens": 0,
             "num_preemptions": 0,
+            "stop_reason": "length",
             "token_times_s": times,
         }
     )

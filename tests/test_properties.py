@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conftest import make_scheduler
+from conftest import make_scheduler, records_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roseinfer.interface import AdmissionPolicy, PolicyOptions, PolicyWrapper
-from roseinfer.records import records_frame
 from roseinfer.registry import load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler
@@ -132,7 +131,7 @@ def test_conservation_and_no_leaks(reqs: list[Request], cfg: dict) -> None:
     sched, _ = spied(cfg)
     run(sched, reqs)
     sched.check_invariants()
-    df = records_frame(sched)
+    df = records_of(sched)
     assert len(df) == len(reqs)
     assert df.request_id.is_unique
     finished = df[df.status == "finished"]

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_scheduler, req
+from conftest import make_scheduler, req, records_of
 
 from roseinfer.interface import AdmissionPolicy, Phase, PolicyError
-from roseinfer.records import records_frame
 from roseinfer.registry import Entry
 from roseinfer.request import SamplingParams
 from roseinfer.scheduler import Scheduler
@@ -51,7 +50,7 @@ def test_every_request_finishes_with_exact_token_counts(registry) -> None:
     for i in range(5):
         sched.add_request(req(i, 3 + i, 2 + i), 0.0)
     run_to_end(sched)
-    df = records_frame(sched)
+    df = records_of(sched)
     assert (df.status == "finished").all()
     assert df.num_output_tokens.tolist() == [2, 3, 4, 5, 6]
     assert all(len(t) == n for t, n in zip(df.token_times_s, df.num_output_tokens))
@@ -86,7 +85,7 @@ def test_preemption_by_recompute_when_the_pool_runs_dry(registry) -> None:
     outs = run_to_end(sched)
     preempted = [s.request_id for o in outs for s in o.preempted]
     assert preempted and preempted[0] == "r1"  # the most recently admitted
-    df = records_frame(sched)
+    df = records_of(sched)
     assert (df.status == "finished").all()
     assert df.set_index("request_id").loc["r1", "num_preemptions"] >= 1
     assert all(len(t) == 8 for t in df.token_times_s)
@@ -116,7 +115,7 @@ def test_abort_frees_blocks_and_ends_once(registry) -> None:
     assert sched.abort("r1", 1.0)
     assert sched.block_manager.num_used_blocks == 0
     sched.check_invariants()
-    df = records_frame(sched)
+    df = records_of(sched)
     assert df.reject_reason.tolist() == ["aborted", "aborted"]
 
 

@@ -106,6 +106,19 @@ CASES = {
     ),
     "decode-first": dict(policy="budget", prefill_max_tokens=64, loop_order="decode-first"),
     "fifo-preempting": dict(policy="fifo", num_kv_blocks=20),
+    "mixed-chunked": dict(
+        policy="fifo",
+        loop_order="mixed",
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=24,
+        num_kv_blocks=40,
+    ),
+    "budget-chunk-head": dict(
+        policy="budget",
+        prefill_max_tokens=20,
+        enable_chunked_prefill=True,
+        options=PolicyOptions(chunk_head=True),
+    ),
 }
 
 
@@ -122,6 +135,7 @@ def run_executor(model, config: SchedulerConfig, reqs: list[Request]):
     engine = Engine(runner, config)
     sched = engine.scheduler
     shapes: list[BatchShape] = []
+    num_partial_chunks: list[int] = []
     submitted_after: dict[str, int] = {}
     schedule, add_request = sched.schedule, sched.add_request
 
@@ -129,15 +143,16 @@ def run_executor(model, config: SchedulerConfig, reqs: list[Request]):
         out = schedule(*args, **kwargs)
         if not out.is_empty:
             shapes.append(batch_shape(out))
+            num_partial_chunks.append(sum(not item.samples for item in out.scheduled))
         return out
 
     def logged_add(request, now_s):
-        submitted_after[request.request_id] = len(sched.step_end_s)
+        submitted_after[request.request_id] = sched.step_log.num_steps
         return add_request(request, now_s)
 
     sched.schedule, sched.add_request = logged_schedule, logged_add
     result = engine.run(reqs)
-    return result, shapes, submitted_after
+    return result, shapes, submitted_after, sum(num_partial_chunks)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -145,11 +160,11 @@ def test_same_admission_decisions_given_the_measured_step_times(model, case):
     cfg = {"num_kv_blocks": 64, "max_num_seqs": 4, "max_model_len": 160, **CASES[case]}
     config = SchedulerConfig(block_size=BLOCK_SIZE, **cfg)
     reqs = workload()
-    real, shapes, submitted_after = run_executor(model, config, reqs)
+    real, shapes, submitted_after, num_partial_chunks = run_executor(model, config, reqs)
 
     # Step k lasts end_k - end_{k-1}: the executor's idle waits for arrivals fold
     # into the next step, so the simulator's step ends equal the executor's.
-    ends = real.scheduler.step_end_s
+    ends = real.scheduler.step_log.end_s
     durations = list(np.diff([0.0, *ends]))
     boundary = [0.0]  # the simulator's clock at each boundary, with its own float sums
     for d in durations:
@@ -168,29 +183,30 @@ def test_same_admission_decisions_given_the_measured_step_times(model, case):
     sim = Simulator(config, replay, jump=False).run(sim_reqs)
 
     assert replay.num_steps == len(ends) == sim.num_steps
-    assert sim.scheduler.step_is_decode == real.scheduler.step_is_decode
-    np.testing.assert_allclose(sim.scheduler.step_end_s, ends, rtol=0, atol=1e-9)
-    sim_seqs = {s.request_id: s for s in sim.scheduler.seqs}
-    for seq in real.scheduler.seqs:
-        other = sim_seqs[seq.request_id]
-        # [first step, last step] of every stay in the running set: the step
-        # that admitted it (again, after a preemption) and the one it left in
-        assert other.segments == seq.segments, seq.request_id
-        assert other.num_cached_prompt_tokens == seq.num_cached_prompt_tokens
-        assert other.num_preemptions == seq.num_preemptions
-        assert other.num_output_tokens == seq.num_output_tokens
+    np.testing.assert_array_equal(
+        sim.scheduler.step_log.carries_decodes, real.scheduler.step_log.carries_decodes
+    )
+    np.testing.assert_allclose(sim.scheduler.step_log.end_s, ends, rtol=0, atol=1e-9)
     a = real.records.set_index("request_id")
-    b = sim.records.set_index("request_id")
-    for col in ("first_token_s", "finish_s"):
+    b = sim.records.set_index("request_id").loc[a.index]
+    for col in ("num_cached_prompt_tokens", "num_preemptions", "num_output_tokens", "status"):
+        assert list(b[col]) == list(a[col]), col
+    for col in ("first_token_s", "finish_s"):  # admitted_s is the planning time: not replayed
         np.testing.assert_allclose(b[col], a[col], rtol=0, atol=1e-9)
+    for rid in a.index:  # every token of every stay at the same step end
+        np.testing.assert_allclose(b.token_times_s[rid], a.token_times_s[rid], rtol=0, atol=1e-9)
 
     # The workload exercised what the case is about.
-    admitted_at = sorted({seq.segments[0][0] for seq in real.scheduler.seqs})
+    admitted_at = sorted(set(a["admitted_s"]))
     assert len(admitted_at) >= 3  # admission spread over several steps
     if case == "fifo-preempting":  # the small pool evicts the shared prefix too
         assert real.scheduler.num_preemptions > 0
     else:
         assert a["num_cached_prompt_tokens"].sum() > 0  # hits on the shared prefix
+    if config.enable_chunked_prefill:  # some prompts were cut into chunks
+        assert num_partial_chunks > 0
+    if config.loop_order == "mixed":
+        assert any(s.prefill_new_tokens.size and s.decode_context_tokens.size for s in shapes)
     if config.prefill_max_tokens is not None:
         assert any(
             s.prefill_new_tokens.size > 1

@@ -33,7 +33,6 @@ from roseinfer.executor.streaming import (  # noqa: E402
     StreamingEngine,
     StreamOutput,
 )
-from roseinfer.records import records_frame  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 from roseinfer.sequence import SeqStatus  # noqa: E402
 
@@ -150,16 +149,20 @@ class Harness:
         self.se.close(timeout_s=TIMEOUT_S)
         assert not self.se._worker.is_alive(), "worker did not stop"
 
+    def record(self, rid: str):  # type: ignore[no-untyped-def]
+        """The record of an ended request (the worker filed it before its stream ended)."""
+        return self.engine.records.frame().set_index("request_id").loc[rid]
+
     def assert_clean(self) -> None:
         """Worker stopped; every request ended exactly once; no KV block held."""
         self.shutdown()
         sched = self.engine.scheduler
-        assert all(seq.is_done for seq in sched.seqs)
-        assert dict(self.ends) == {seq.request_id: 1 for seq in sched.seqs}
+        assert not sched.has_unfinished()
+        records = self.engine.records.frame()  # token times agree with token counts
+        assert records["request_id"].is_unique
+        assert dict(self.ends) == {rid: 1 for rid in records["request_id"]}
         assert sched.block_manager.num_used_blocks == 0
         sched.check_invariants()
-        records = records_frame(sched)  # token times agree with token counts
-        assert list(records["request_id"]) == [seq.request_id for seq in sched.seqs]
 
 
 @pytest.fixture
@@ -188,7 +191,7 @@ def offline(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]
         for i, p in enumerate(prompts)
     ]
     result = make_engine(model).run(reqs)
-    by_id = {s.request_id: s.output_token_ids for s in result.scheduler.seqs}
+    by_id = dict(zip(result.records["request_id"], result.records["output_token_ids"]))
     return [by_id[f"o{i}"] for i in range(len(prompts))]
 
 
@@ -208,7 +211,7 @@ def test_add_request_only_enqueues_and_streams_equal_the_offline_engine(harness,
     adder.join(TIMEOUT_S)
     # add_request returned while no forward has run (one may wait at the gate)
     assert not adder.is_alive() and len(rids) == 3 and len(set(rids)) == 3
-    assert h.gate.num_forwards == 0 and h.engine.scheduler.step_end_s == []
+    assert h.gate.num_forwards == 0 and h.engine.scheduler.step_log.num_steps == 0
     with pytest.raises(queue.Empty):
         next(h.se.stream(rids[0], timeout_s=0.05))
     h.gate.open()
@@ -222,7 +225,7 @@ def test_add_request_only_enqueues_and_streams_equal_the_offline_engine(harness,
     with pytest.raises(KeyError):  # a stream read to its end is gone
         next(h.se.stream(rids[0]))
     h.assert_clean()
-    assert all(seq.status is SeqStatus.FINISHED for seq in h.engine.scheduler.seqs)
+    assert (h.engine.records.frame()["status"] == "finished").all()
 
 
 def test_streams_stay_exact_through_preemptions(harness, model):
@@ -246,7 +249,8 @@ def test_text_pieces_concatenate_to_the_decoded_output(harness):
     outs = h.tokens(rid)
     ids = [o.token_id for o in outs]
     assert len(ids) == 40
-    assert h.engine.scheduler.get(rid).request.prompt_token_ids == tuple(tokenizer.encode(text))
+    prompts = h.engine.records.frame().set_index("request_id")["prompt_token_ids"]
+    assert prompts[rid] == tokenizer.encode(text)
     assert "".join(o.text for o in outs) == tokenizer.decode(ids, skip_special_tokens=True)
     assert sum(1 for o in outs if o.text) > 1  # pieces arrive as tokens do, not all at the end
     h.assert_clean()
@@ -301,8 +305,8 @@ def test_abort_ends_the_stream_and_frees_its_blocks(harness, model):
     got += [o.token_id for o in stream]  # ends without an error
     assert 3 <= len(got) < 50
     assert got == offline(model, [prompt], len(got))[0]
-    seq = h.engine.scheduler.get(rid)
-    assert seq.status is SeqStatus.REJECTED and seq.reject_reason == "aborted"
+    rec = h.record(rid)
+    assert rec.status == "rejected" and rec.reject_reason == "aborted"
     assert h.engine.scheduler.block_manager.num_used_blocks == 0  # freed before the stream ended
     h.se.abort(rid)  # again: ignored
     h.se.abort("no-such-request")
@@ -321,7 +325,7 @@ def test_abort_right_after_add_request_is_never_lost(harness, model):
     h.gate.open()
     assert h.tokens(rid_b) == []
     assert [o.token_id for o in h.tokens(rid_a)] == offline(model, [a], 4)[0]
-    assert h.engine.scheduler.get(rid_b).reject_reason == "aborted"
+    assert h.record(rid_b).reject_reason == "aborted"
     h.assert_clean()
 
 
@@ -351,7 +355,7 @@ def test_close_ends_every_open_stream(harness):
     with pytest.raises(EngineClosedError):
         h.se.add_request([1, 2, 3], max_tokens=2)
     h.assert_clean()
-    assert h.engine.scheduler.get(rid_a).reject_reason == "aborted"
+    assert h.record(rid_a).reject_reason == "aborted"
 
 
 def test_a_worker_fault_ends_every_stream_with_its_cause(harness):
@@ -375,7 +379,7 @@ def test_a_worker_fault_ends_every_stream_with_its_cause(harness):
         h.se.add_request([1, 2], max_tokens=2)
     assert info.value.__cause__ is boom
     h.assert_clean()
-    assert {s.reject_reason for s in h.engine.scheduler.seqs} == {"aborted"}
+    assert set(h.engine.records.frame()["reject_reason"]) == {"aborted"}
 
 
 # ----------------------------------------------------------------- refusals
