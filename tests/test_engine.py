@@ -25,7 +25,6 @@ from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.interface import Phase, PolicyOptions  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 from roseinfer.scheduler import SchedulerOutput  # noqa: E402
-from roseinfer.sequence import SeqStatus  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -127,7 +127,10 @@ def bad_trace(tmp_path: Path) -> Path:
     "args, message",
     [
         (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, fifo, pack"),
-        (["--loop-order", "sideways"], "known: decode-first, mixed, prefill-first, prefill-priority"),
+        (
+            ["--loop-order", "sideways"],
+            "known: decode-first, mixed, prefill-first, prefill-priority",
+        ),
         (["--policy", "fifo", "--prefill-max-tokens", "64"], "ignores --prefill-max-tokens"),
         (["--policy", "budget", "--lookahead", "8"], "--lookahead is read only by: pack"),
         (["--workload", "seed-031", "--trace", "x.csv"], "either --trace or --workload"),
