@@ -295,17 +295,22 @@ class Scheduler:
             PolicyError: if a policy answer is invalid.
             ValueError: if ``num_decode_steps`` exceeds what can run uneventfully.
         """
+        preempted: list[Sequence] = []  # by phases that then had nothing to run
         for phase in self._next_phases(now_s):
             out = self._plan(phase, now_s)
             if not out.is_empty:
                 if num_decode_steps > 1:
                     self._extend_decode_run(out, num_decode_steps)
+                out.preempted[:0] = preempted
                 return out
+            preempted += out.preempted
         if len(self.running) > self.num_prefilling:
             # A whole iteration ran nothing (e.g. a prefill-only order with no room
             # to admit): decode so running requests never idle.
-            return self._plan(Phase.DECODE, now_s)
-        return SchedulerOutput(self.step_log.num_steps, None)
+            out = self._plan(Phase.DECODE, now_s)
+            out.preempted[:0] = preempted
+            return out
+        return SchedulerOutput(self.step_log.num_steps, None, preempted=preempted)
 
     def _next_phases(self, now_s: float) -> Iterator[Phase]:
         """The rest of the current iteration, then (once) a whole new one."""

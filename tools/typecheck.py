@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 from mypy import api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,9 +45,7 @@ def build_tree() -> Path:
 def main() -> int:
     """Run mypy on the laid-out package; exit with mypy's status."""
     package = build_tree()
-    stdout, stderr, status = api.run(
-        ["--config-file", str(ROOT / "pyproject.toml"), str(package)]
-    )
+    stdout, stderr, status = api.run(["--config-file", str(ROOT / "pyproject.toml"), str(package)])
     sys.stdout.write(stdout.replace(str(TREE) + "/", ""))
     sys.stderr.write(stderr)
     return status
