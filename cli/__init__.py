@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 
@@ -40,6 +40,15 @@ WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.
 
 class CliError(ValueError):
     """A bad flag or flag combination (message names it and the fix)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error contract: one ``prog: error: ...`` line on
+    stderr and exit code 2 (no usage block; ``--help`` shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` as one line and exit with status 2."""
+        _die(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -456,7 +465,7 @@ def friendly_errors(prog: str) -> Iterator[None]:
         _die(prog, "interrupted")
 
 
-def _die(prog: str, message: str) -> None:
+def _die(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from roseinfer.cli import (
+    ArgumentParser,
     CliError,
     add_common_args,
     build_workload,
@@ -48,7 +49,7 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rose-run`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rose-run",
         description="Run an LLM-serving scheduling policy for real: the shared scheduler "
         "drives a PyTorch model with a paged KV cache (default: the embedded Azure conv "

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from roseinfer.cli import (
+    ArgumentParser,
     CliError,
     add_common_args,
     build_workload,
@@ -43,7 +44,7 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rose-sim`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rose-sim",
         description="Simulate an LLM-serving scheduling policy on a workload with a cost "
         "model (default: the embedded Azure conv trace sample, Llama-3.1-8B on one H100).",
