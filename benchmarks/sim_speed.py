@@ -8,10 +8,13 @@ runs in a fresh subprocess so its peak RSS is its own. Also runs one policy
 with ``--no-jump`` semantics (every decode step planned alone) to show what
 the multi-step decode jumps buy, as a ratio measured in the same run.
 
-Target (issue 2): the whole conv trace in under 5 s per policy on a 2-core machine.
+``--baseline-python`` times another checkout (its venv's python) on the same
+runs, interleaved with this one, and prints the ratio: before/after figures
+from one run on one machine.
 
     python benchmarks/sim_speed.py
     python benchmarks/sim_speed.py --trace path/to/trace.csv --model llama-3.1-70b --device h200
+    python benchmarks/sim_speed.py --baseline-python ../base/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/AzureLLMInferenceTrace_conv.csv"
@@ -34,6 +38,9 @@ RUNS = {
     ],
     "budget-2048+decode-first": [
         "--policy", "budget", "--prefill-max-tokens", "2048", "--loop-order", "decode-first",
+    ],
+    "mixed+chunked-512": [
+        "--loop-order", "mixed", "--enable-chunked-prefill", "--max-num-batched-tokens", "512",
     ],
 }  # fmt: skip
 
@@ -64,12 +71,25 @@ print(json.dumps({
 """
 
 
-def run_one(flags: list[str]) -> dict:
-    """Run one simulation in a fresh interpreter; return its figures."""
+def run_one(flags: list[str], python: str = sys.executable) -> dict | None:
+    """Run one simulation in a fresh interpreter; its figures, or None if that
+    interpreter's roseinfer cannot run these flags."""
+    # NOTE: run outside the checkout: `python -c` puts the working directory first
+    # on sys.path, and this checkout's roseinfer/ would shadow the other one's.
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, *flags], check=True, capture_output=True, text=True
+        [python, "-c", _CHILD, *flags], capture_output=True, text=True, cwd=tempfile.gettempdir()
     )
+    if out.returncode != 0:
+        return None
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _row(label: str, r: dict) -> str:
+    rate = r["num_requests"] / r["sim_s"]
+    return (
+        f"{label:<28}{r['num_requests']:>9}{r['num_steps']:>9}{r['sim_s']:>8.2f}"
+        f"{rate:>10.0f}{r['load_s']:>8.2f}{r['peak_rss_mb']:>8.0f}"
+    )
 
 
 def main() -> None:
@@ -80,6 +100,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--device", default="h100-sxm")
     parser.add_argument("--num-requests", type=int)
+    parser.add_argument("--baseline-python", help="python of another checkout to compare with")
     args = parser.parse_args()
     base = ["--model", args.model, "--device", args.device]
     if args.trace is not None:
@@ -98,13 +119,15 @@ def main() -> None:
     results = {}
     for label, flags in [*RUNS.items(), ("fifo --no-jump", ["--no-jump"])]:
         r = run_one(base + flags)
+        assert r is not None and r["finished"] == r["num_requests"], "every request should finish"
         results[label] = r
-        rate = r["num_requests"] / r["sim_s"]
-        print(
-            f"{label:<28}{r['num_requests']:>9}{r['num_steps']:>9}{r['sim_s']:>8.2f}"
-            f"{rate:>10.0f}{r['load_s']:>8.2f}{r['peak_rss_mb']:>8.0f}"
-        )
-        assert r["finished"] == r["num_requests"], "every request should finish"
+        print(_row(label, r))
+        if args.baseline_python:
+            b = run_one(base + flags, args.baseline_python)
+            if b is None:
+                print(f"{'  baseline':<28}  (cannot run these flags)")
+                continue
+            print(_row("  baseline", b) + f"   this/baseline time {r['sim_s'] / b['sim_s']:.2f}x")
     ratio = results["fifo --no-jump"]["sim_s"] / results["fifo"]["sim_s"]
     print(f"multi-step decode jumps: {ratio:.1f}x faster than planning every step (fifo)")
 
