@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import sys
 import time
 
-import torch
-from tqdm import tqdm
+# NOTE: before torch loads libgomp, which reads it once. With the default (active)
+# policy an idle OpenMP worker keeps spinning after every parallel region; on a CPU
+# shared with other busy processes it then steals the main thread's core: a GPT-2
+# decode step of one sequence with 2 threads took 1.6 s instead of 0.09 s (passive)
+# on this 2-core machine while other jobs ran. Passive workers sleep instead (the
+# benchmarks do the same). An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from roseinfer import workloads
 from roseinfer.cli import (
@@ -265,6 +274,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "peak_memory_gb": _peak_memory_gb(device),
         "num_steps": result.scheduler.step_log.num_steps,
         "num_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "warmup_s": warmup_s,
     }
     title = (

@@ -445,6 +445,7 @@ def environment_facts(device: torch.device) -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "num_threads": torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "cuda_device": cuda,
         "load_average": list(load) if load else None,
     }
@@ -501,8 +502,6 @@ def run_profile(
         kv_cache_budget_bytes: memory the pool was sized from before any cap
             (default: the pool's bytes).
     """
-    from tqdm import tqdm
-
     start, load_before = time.perf_counter(), environment_facts(runner.device)["load_average"]
     limits = GridLimits(
         max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
@@ -510,26 +509,54 @@ def run_profile(
     )  # fmt: skip
     warmup = warm_up(runner, dataclasses.replace(config, max_num_batched_tokens=None))
     host = measure_host_overhead(config, runner.vocab_size, seed)
-    dispatch = measure_dispatch_overhead(runner, hf_config, limits, repetitions, seed)
     dispatch = [
-        OverheadSample(
-            o.num_layers, dataclasses.replace(o.sample, host_s=host.seconds(o.sample.shape))
-        )
-        for o in dispatch
+        OverheadSample(o.num_layers, _with_host(o.sample, host))
+        for o in measure_dispatch_overhead(runner, hf_config, limits, repetitions, seed)
     ]
+    samples = _timed_samples(runner, limits, repetitions, seed, show_progress)
+    extra = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "profile_wall_s": time.perf_counter() - start,
+        "grid": {"repetitions": repetitions, "seed": seed, "num_samples": len(samples)},
+        "host": dataclasses.asdict(host),
+        "warmup": [dataclasses.asdict(w) for w in warmup],
+    }
+    executor = _executor_facts(runner, config, max_num_batched_tokens, kv_cache_budget_bytes)
+    return Profile.create(
+        model_name=model_name, model_spec=model_spec, executor=executor,
+        environment={**environment_facts(runner.device), "load_average_before": load_before},
+        samples=[_with_host(s, host) for s in samples], overhead_samples=dispatch,
+        base_device=builtin_device_spec(runner.device), seed=seed, extra=extra,
+    )  # fmt: skip
+
+
+def _with_host(sample: ProfileSample, host: HostOverhead) -> ProfileSample:
+    return dataclasses.replace(sample, host_s=host.seconds(sample.shape))
+
+
+def _timed_samples(
+    runner: ModelRunner, limits: GridLimits, repetitions: int, seed: int, show_progress: bool
+) -> list[ProfileSample]:
+    """Time the grid of ``limits`` with a progress bar."""
+    from tqdm import tqdm
+
     shapes = profile_grid(limits, seed)
-    total = len(shapes) * (repetitions + 1)
+    total = len(shapes) * (repetitions + 1)  # grows if unsteady shapes are timed again
     with tqdm(
         total=total, desc="profile", unit="step", disable=not show_progress, file=sys.stderr
     ) as bar:
         timed = time_grid(runner, shapes, repetitions, seed, lambda n: _advance(bar, n))
-    samples = []
-    for kind, seqs, times in timed:
-        shape = batch_shape_of(seqs)
-        samples.append(ProfileSample(kind, shape, tuple(times), host.seconds(shape)))
-    environment = environment_facts(runner.device)
-    environment["load_average_before"] = load_before
-    executor = {
+    return [ProfileSample(kind, batch_shape_of(seqs), tuple(t)) for kind, seqs, t in timed]
+
+
+def _executor_facts(
+    runner: ModelRunner,
+    config: SchedulerConfig,
+    max_num_batched_tokens: int,
+    kv_cache_budget_bytes: int | None,
+) -> dict[str, object]:
+    """The profile's ``executor`` section: what rose-sim takes as its defaults."""
+    return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.attention_backend,
@@ -541,19 +568,6 @@ def run_profile(
         "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": max_num_batched_tokens,
     }
-    extra = {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "profile_wall_s": time.perf_counter() - start,
-        "grid": {"repetitions": repetitions, "seed": seed, "num_samples": len(samples)},
-        "host": dataclasses.asdict(host),
-        "warmup": [dataclasses.asdict(w) for w in warmup],
-    }
-    return Profile.create(
-        model_name=model_name, model_spec=model_spec, executor=executor,
-        environment=environment, samples=samples,
-        base_device=builtin_device_spec(runner.device), seed=seed, extra=extra,
-        overhead_samples=dispatch,
-    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- CLI

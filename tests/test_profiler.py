@@ -156,7 +156,9 @@ def test_profile_file_has_samples_fit_and_setup(tiny_profile):
     assert kinds == {"prefill", "decode", "mixed"}
     assert all(len(s["times_s"]) in (1, 2) and s["median_s"] > 0 for s in doc["samples"])
     assert doc["fit"]["chosen"] in doc["fit"]["held_out"]
-    assert doc["calibrated_roofline"]["overhead_s"] >= 0
+    overhead = doc["calibrated_roofline"]["overhead"]
+    assert min(overhead.values()) >= 0 and sum(overhead.values()) > 0
+    assert {o["num_layers"] for o in doc["overhead_samples"]} == {1, 2}
     assert doc["host"]["num_steps"] > 0 and len(doc["warmup"]) == 5
 
 
