@@ -24,8 +24,11 @@ Run ``rose-run profile --device cpu --model gpt2 --output gpt2.json`` first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/_common.py
 
@@ -51,6 +54,7 @@ from roseinfer.simulator.profiled import (  # noqa: E402
     fit_step_model,
     load_profile,
 )
+from roseinfer.simulator.specs import ModelSpec  # noqa: E402
 
 # target name -> (built-in config, overrides): shapes the executor can build offline
 TARGETS = {
@@ -91,6 +95,20 @@ def measure_target(name: str, args: argparse.Namespace, profile_executor: dict):
     return spec, samples
 
 
+def load_or_measure(name: str, args: argparse.Namespace, profile_executor: dict):
+    """The target's samples from ``--samples-dir`` if saved there, else measured (and saved)."""
+    path = Path(args.samples_dir, f"{name}.json") if args.samples_dir else None
+    if path is not None and path.exists():
+        doc = json.loads(path.read_text())
+        return ModelSpec(**doc["spec"]), [ProfileSample.from_json(r) for r in doc["samples"]]
+    spec, samples = measure_target(name, args, profile_executor)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"spec": dataclasses.asdict(spec), "samples": [s.to_json() for s in samples]}
+        path.write_text(json.dumps(doc))
+    return spec, samples
+
+
 def errors(cost_model, samples) -> HeldOutError:
     predicted = np.array([cost_model.step_time_s(s.shape) for s in samples])
     return HeldOutError.of(predicted, np.array([s.target_s for s in samples]))
@@ -104,6 +122,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
+    parser.add_argument(
+        "--samples-dir", help="save each target's timed steps here; reuse them if present"
+    )
     args = parser.parse_args()
     profile = load_profile(args.source)
     torch.set_num_threads(args.threads or profile.environment.get("num_threads") or 1)
@@ -113,7 +134,7 @@ def main() -> None:
     rows = []
     for name in args.targets.split(","):
         start = time.perf_counter()
-        spec, samples = measure_target(name.strip(), args, profile.executor)
+        spec, samples = load_or_measure(name.strip(), args, profile.executor)
         calibrated = errors(profile.cost_model(spec), samples)
         builtin = errors(make_cost_model(spec, "cpu", dtype_bytes=4), samples)
         own = fit_step_model(samples).held_out

@@ -320,8 +320,8 @@ def _host_workload(
     rng = np.random.default_rng(seed)
     reqs = []
     for i in range(2 * max_num_seqs):
-        prompt = int(min(rng.integers(16, 257), max(1, max_model_len - 64)))
-        output = int(min(rng.integers(1, 65), max_model_len - prompt))
+        prompt = min(int(rng.integers(16, 257)), max(1, max_model_len - 64))
+        output = min(int(rng.integers(1, 65)), max_model_len - prompt)
         ids = tuple(int(t) for t in rng.integers(0, vocab_size, prompt))
         reqs.append(Request(f"host-{i}", 0.0, prompt, max(1, output), prompt_token_ids=ids))
     return reqs
@@ -388,6 +388,15 @@ def _skeleton_shapes(limits: GridLimits) -> list[tuple[str, list[tuple[int, int]
     return shapes
 
 
+def _family_configs(hf_config) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The profiled model's config for its family, a built-in one for the other."""
+    from roseinfer.executor.models import builtin_config
+
+    own = "gpt2" if hf_config.model_type == "gpt2" else "llama"
+    other = {"gpt2": ("llama", "tiny-llama"), "llama": ("gpt2", "tiny-gpt2")}[own]
+    return {own: hf_config, other[0]: builtin_config(other[1])}
+
+
 def measure_dispatch_overhead(
     runner: ModelRunner,
     hf_config,  # type: ignore[no-untyped-def]
@@ -395,31 +404,33 @@ def measure_dispatch_overhead(
     repetitions: int = DEFAULT_REPETITIONS,
     seed: int = 0,
 ) -> list[OverheadSample]:
-    """Time skeleton models (1 layer and the real layer count) on a few shapes.
+    """Time skeleton models of both architecture families (GPT-2, Llama) at 1 layer
+    and at the profiled layer count, on a few shapes.
 
-    The real model's step is its FLOPs and bytes plus this overhead; two layer
-    counts separate a per-layer from a per-step cost, so the calibrated roofline
-    can price a model with another depth.
+    The real model's step is its FLOPs and bytes plus this overhead; two depths
+    separate a per-layer from a per-step cost, and both families let the
+    calibrated roofline price a model of another depth or architecture.
     """
     from transformers import AutoModelForCausalLM
 
     num_layers = runner.shape.num_layers
     shapes = _skeleton_shapes(limits)
+    blocks = sum(-(-c // runner.block_size) for _, seqs in shapes for _, c in seqs)
     samples = []
-    for layers in sorted({1, num_layers}):
-        with torch.random.fork_rng(devices=[]), torch.device(runner.device):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(
-                skeleton_config(hf_config, layers), dtype=runner.dtype
-            )
-        blocks = sum(-(-c // runner.block_size) for _, seqs in shapes for _, c in seqs)
-        skeleton = ModelRunner(
-            model, num_kv_blocks=blocks, block_size=runner.block_size, device=runner.device,
-            dtype=runner.dtype, attention_backend=runner.attention_backend,
-        )  # fmt: skip
-        for kind, seqs, times in time_grid(skeleton, shapes, repetitions, seed):
-            sample = ProfileSample(kind, batch_shape_of(seqs), tuple(times))
-            samples.append(OverheadSample(layers, sample))
+    for family, config in _family_configs(hf_config).items():
+        for layers in sorted({1, num_layers}):
+            with torch.random.fork_rng(devices=[]), torch.device(runner.device):
+                torch.manual_seed(seed)
+                model = AutoModelForCausalLM.from_config(
+                    skeleton_config(config, layers), dtype=runner.dtype
+                )
+            skeleton = ModelRunner(
+                model, num_kv_blocks=blocks, block_size=runner.block_size, device=runner.device,
+                dtype=runner.dtype, attention_backend=runner.attention_backend,
+            )  # fmt: skip
+            for kind, seqs, times in time_grid(skeleton, shapes, repetitions, seed):
+                sample = ProfileSample(kind, batch_shape_of(seqs), tuple(times))
+                samples.append(OverheadSample(family, layers, sample))
     return samples
 
 
@@ -510,7 +521,7 @@ def run_profile(
     warmup = warm_up(runner, dataclasses.replace(config, max_num_batched_tokens=None))
     host = measure_host_overhead(config, runner.vocab_size, seed)
     dispatch = [
-        OverheadSample(o.num_layers, _with_host(o.sample, host))
+        OverheadSample(o.family, o.num_layers, _with_host(o.sample, host))
         for o in measure_dispatch_overhead(runner, hf_config, limits, repetitions, seed)
     ]
     samples = _timed_samples(runner, limits, repetitions, seed, show_progress)
@@ -674,7 +685,7 @@ def summary_lines(profile: Profile, path: Path) -> str:
     dev, err = roof.device, roof.held_out
     lines.append(
         f"  roofline {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}  "
-        f"(calibrated: {dev.achievable_flops / 1e9:.3g} GFLOP/s, "
+        f"(calibrated: {roof.combine} of {dev.achievable_flops / 1e9:.3g} GFLOP/s and "
         f"{dev.achievable_bandwidth / 1e9:.3g} GB/s, overhead {dev.overhead_s * 1e3:.2f} ms)"
     )
     return "\n".join(lines)

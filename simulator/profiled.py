@@ -29,18 +29,24 @@ Two models come out of one profile:
 PROFILE.json (``"schema": "roseinfer-profile/1"``)::
 
     schema, created, profile_wall_s
-    model:       {name, spec: ModelSpec fields}
-    executor:    {device, dtype, attention_backend, num_kv_blocks, block_size,
-                  kv_cache_bytes, kv_cache_budget_bytes, max_model_len, max_num_seqs,
-                  max_num_batched_tokens}
-    environment: {torch, python, platform, processor, cpu_count, num_threads,
-                  num_interop_threads, cuda_device, load_average}
-    grid:        {repetitions, seed, num_samples, ...}
-    host:        {per_step_s, per_seq_s, per_token_s, num_steps}   scheduler bookkeeping
-    samples:     [{kind, prefill_new_tokens, prefill_context_tokens,
-                   decode_context_tokens, times_s, median_s, host_s}]
-    fit:         {chosen, terms, coefficients, held_out: {candidate: errors}, ...}
-    calibrated_roofline: {device: DeviceSpec fields, held_out: errors}
+    model:        {name, spec: ModelSpec fields (dtype_bytes = profiled dtype)}
+    executor:     {device, dtype, attention_backend, num_kv_blocks, block_size,
+                   kv_cache_bytes, kv_cache_budget_bytes, max_model_len, max_num_seqs,
+                   max_num_batched_tokens}                  rose-sim's defaults
+    environment:  {torch, python, platform, processor, cpu_count, num_threads,
+                   num_interop_threads, omp_wait_policy, cuda_device,
+                   load_average_before, load_average}
+    grid:         {repetitions, seed, num_samples}
+    host:         {per_step_s, per_seq_s, per_token_s, num_steps}   scheduler bookkeeping
+    warmup:       [{name, num_seqs, num_tokens, times_s}]
+    fit:          {chosen, model: {kind, name, token_knots, coefficients | fallback},
+                   held_out: {candidate: {median, p90, max, num_samples}},
+                   split_seed, train_fraction, selection}
+    calibrated_roofline: {device: DeviceSpec fields, overhead: OverheadModel fields,
+                   achievable_flops, achievable_bandwidth, held_out}
+    samples:      [{kind, prefill_new_tokens, prefill_context_tokens,
+                    decode_context_tokens, times_s, median_s, host_s}]
+    overhead_samples: [{num_layers, ...same as samples}]   skeleton steps
 
 A sample's target is ``median_s + host_s``: the measured device part (input
 preparation, forward, sampling, synchronize) plus the modelled scheduler
@@ -68,6 +74,7 @@ __all__ = [
     "CalibratedRooflineCostModel",
     "OverheadModel",
     "OverheadSample",
+    "family_of",
     "HeldOutError",
     "Profile",
     "ProfileError",
@@ -287,15 +294,16 @@ def _features(aggregates: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
 class InterpolatedStepModel:
     """Piecewise-linear interpolation of the samples (LLMServingSim's method).
 
-    Over two axes that carry most of a step's cost: tokens computed and context
-    tokens attended (prefill + decode), each scaled to [0, 1] by its largest
-    sample, interpolated linearly (not in log space: LLMServingSim found log-space
-    interpolation over-predicts by 9-14%) on a Delaunay triangulation. Shapes
-    outside the samples' hull take ``fallback``.
+    Over three axes that carry most of a step's cost: prefill tokens, decode
+    sequences and context tokens attended (prefill + decode), so a prefill and a
+    decode batch never share a point; each axis is scaled to [0, 1] by its
+    largest sample, and values are interpolated linearly (not in log space:
+    LLMServingSim found log-space interpolation over-predicts by 9-14%) on a
+    Delaunay triangulation. Shapes outside the samples' hull take ``fallback``.
 
     Attributes:
         name: ``interp``.
-        points: ``[n, 2]`` sample coordinates; values_s: ``[n]`` seconds.
+        points: ``[n, 3]`` sample coordinates; values_s: ``[n]`` seconds.
         fallback: the linear model used outside the hull.
     """
 
@@ -310,17 +318,25 @@ class InterpolatedStepModel:
         scale = self.points.max(axis=0)
         scale[scale == 0] = 1.0
         object.__setattr__(self, "_scale", scale)
-        interp = LinearNDInterpolator(self.points / scale, self.values_s, rescale=False)
+        try:
+            interp = LinearNDInterpolator(self.points / scale, self.values_s, rescale=False)
+        except Exception:  # noqa: BLE001 -- Qhull: too few or degenerate (coplanar) samples
+            interp = None
         object.__setattr__(self, "_interp", interp)
 
     @staticmethod
     def coordinates(aggregates: np.ndarray) -> np.ndarray:
-        """``[n, 2]``: tokens, and context tokens attended (prefill + decode)."""
-        return np.column_stack([aggregates[:, 2], aggregates[:, 4] + aggregates[:, 6]])
+        """``[n, 3]``: prefill tokens, decode sequences, context tokens attended."""
+        decodes = aggregates[:, 1] - aggregates[:, 5]  # sequences - prefill chunks
+        prefill_tokens = aggregates[:, 2] - decodes
+        return np.column_stack([prefill_tokens, decodes, aggregates[:, 4] + aggregates[:, 6]])
 
     def predict(self, aggregates: np.ndarray) -> np.ndarray:
         """Seconds of each row of ``aggregates``; the fallback outside the hull."""
-        values = self._interp(self.coordinates(aggregates) / self._scale)  # type: ignore[attr-defined]
+        interp = self._interp  # type: ignore[attr-defined]
+        if interp is None:
+            return self.fallback.predict(aggregates)
+        values = interp(self.coordinates(aggregates) / self._scale)  # type: ignore[attr-defined]
         outside = np.isnan(values)
         if outside.any():
             values[outside] = self.fallback.predict(aggregates[outside])
@@ -328,7 +344,8 @@ class InterpolatedStepModel:
 
     def to_json(self) -> dict[str, Any]:
         """Fit description for PROFILE.json (the samples themselves are the model)."""
-        return {"kind": "interp", "name": self.name, "axes": ["tokens", "context_tokens"]}
+        axes = ["prefill_tokens", "decode_seqs", "context_tokens"]
+        return {"kind": "interp", "name": self.name, "axes": axes}
 
 
 StepModel = LinearStepModel | InterpolatedStepModel
@@ -378,7 +395,8 @@ class StepFit:
             "held_out": {k: dataclasses.asdict(v) for k, v in self.held_out.items()},
             "split_seed": self.seed,
             "train_fraction": self.train_fraction,
-            "selection": "lowest median + p90 held-out relative error",
+            "selection": "lowest median + p90 held-out relative error; a simpler "
+            f"candidate wins unless beaten by {SIMPLER_WINS_WITHIN:.0%}",
         }
 
 
@@ -407,8 +425,28 @@ def fit_step_model(samples: Sequence[ProfileSample], seed: int = 0) -> StepFit:
     for name, fit in candidates.items():
         model = fit(agg[train], targets[train])
         held_out[name] = HeldOutError.of(model.predict(agg[test]), targets[test])
-    best = min(held_out, key=lambda k: held_out[k].median + held_out[k].p90)
+    best = _select(held_out)
     return StepFit(candidates[best](agg, targets), held_out, seed)
+
+
+SIMPLER_WINS_WITHIN = 0.10  # a more complex candidate must beat a simpler one by 10%
+
+
+def _select(held_out: dict[str, HeldOutError]) -> str:
+    """The candidate with the lowest median + p90 held-out error; a simpler one
+    (earlier in ``held_out``) wins unless beaten by :data:`SIMPLER_WINS_WITHIN`.
+
+    NOTE: the held-out split is ~20 noisy shapes, so small score gaps are noise,
+    and a parametric model extrapolates beyond the grid where interpolation
+    cannot.
+    """
+    best = None
+    for name, err in held_out.items():
+        score = err.median + err.p90
+        if best is None or score < (1 - SIMPLER_WINS_WITHIN) * best[1]:
+            best = (name, score)
+    assert best is not None
+    return best[0]
 
 
 # ------------------------------------------------------------------ cost models
@@ -472,25 +510,39 @@ RIDGE_GRID = np.geomspace(1e-2, 1e4, 241)  # FLOPs per byte scanned by the roofl
 OVERHEAD_TERMS = ("per_step_s", "per_layer_s", "per_seq_s", "per_prefill_layer_s")
 
 
+FAMILIES = ("gpt2", "llama")  # architecture families the executor runs (skeletons of each)
+COMBINES = ("max", "sum")  # how compute and memory time add up in a step
+
+
+def family_of(model: ModelSpec) -> str:
+    """``llama`` for gated-MLP models (Llama, Qwen2, Mistral), else ``gpt2``."""
+    return "llama" if model.gated_mlp else "gpt2"
+
+
 @dataclass(frozen=True, slots=True)
 class OverheadSample:
-    """A step timed on a *skeleton*: the profiled architecture with tiny widths.
+    """A step timed on a *skeleton*: an architecture with tiny widths.
 
     Its time is what a step costs besides FLOPs and bytes (op dispatch per
     layer, input preparation, sampling, Python), measured at ``num_layers``.
+
+    Attributes:
+        family: ``gpt2`` or ``llama`` (see :func:`family_of`).
+        num_layers: skeleton depth; sample: its shape and timings.
     """
 
+    family: str
     num_layers: int
     sample: ProfileSample
 
     def to_json(self) -> dict[str, Any]:
-        """``{num_layers, **sample}`` for PROFILE.json's ``overhead_samples``."""
-        return {"num_layers": self.num_layers, **self.sample.to_json()}
+        """``{family, num_layers, **sample}`` for PROFILE.json's ``overhead_samples``."""
+        return {"family": self.family, "num_layers": self.num_layers, **self.sample.to_json()}
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> OverheadSample:
         """The inverse of :meth:`to_json`."""
-        return cls(int(row["num_layers"]), ProfileSample.from_json(row))
+        return cls(str(row["family"]), int(row["num_layers"]), ProfileSample.from_json(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,36 +592,54 @@ def _overhead_design(num_layers: int, aggregates: np.ndarray) -> np.ndarray:
     )
 
 
+_HUGE = 1e30  # a peak that never binds: the roofline then returns its other term
+
+
 class CalibratedRooflineCostModel:
     """The roofline with fitted device rates plus a fitted dispatch overhead.
 
-    ``max(FLOPs / achieved FLOP/s, bytes / achieved B/s) + overhead(layers, seqs,
-    prefills)``: the roofline terms come from the model's shape
-    (:class:`~roseinfer.simulator.cost_model.RooflineCostModel`), so constants
-    fitted on one model price another shape on the same device. The overhead
-    is added, not overlapped: on a CPU every op runs synchronously after its
-    dispatch (on a GPU launches overlap long kernels, so this over-predicts
-    large steps there).
+    ``combine(FLOPs / achieved FLOP/s, bytes / achieved B/s) + overhead(layers,
+    seqs, prefills)``, where ``combine`` is ``max`` (compute and memory traffic
+    overlap, the classic roofline) or ``sum`` (they do not: eager ops on a CPU
+    run one after another, each bound by one or the other); the profile picks
+    the one with the lower held-out error. The FLOPs and bytes come from the
+    model's shape (:class:`~roseinfer.simulator.cost_model.RooflineCostModel`),
+    so rates fitted on one model price another shape on the same device. The
+    overhead is added, not overlapped: on a CPU every op runs synchronously
+    after its dispatch (on a GPU launches overlap long kernels, so this
+    over-predicts large steps there).
 
     Args:
         model: the shape to price; device: achieved rates (its ``overhead_s``
-            is ignored); overhead: the fitted overhead model.
+            is ignored); overhead: the fitted overhead model of the model's
+            architecture family; combine: ``max`` or ``sum``.
+
+    Raises:
+        ValueError: on another ``combine``.
     """
 
     name = "calibrated-roofline"
 
-    def __init__(self, model: ModelSpec, device: DeviceSpec, overhead: OverheadModel) -> None:
-        self.model = model
-        self.device = device
-        self.overhead = overhead
-        self._roofline = RooflineCostModel(model, dataclasses.replace(device, overhead_s=0.0))
+    def __init__(
+        self, model: ModelSpec, device: DeviceSpec, overhead: OverheadModel, combine: str = "max"
+    ) -> None:
+        if combine not in COMBINES:
+            raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        self.model, self.device, self.overhead, self.combine = model, device, overhead, combine
+        free = dataclasses.replace(device, overhead_s=0.0)
+        if combine == "max":
+            self._terms = [RooflineCostModel(model, free)]
+        else:  # one roofline per term: the other term's peak never binds
+            compute = dataclasses.replace(free, mem_bandwidth=_HUGE)
+            memory = dataclasses.replace(free, peak_flops=_HUGE)
+            self._terms = [RooflineCostModel(model, compute), RooflineCostModel(model, memory)]
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds one step with this batch takes; 0.0 for an empty batch."""
         if shape.is_empty:
             return 0.0
         extra = self.overhead.seconds(self.model.num_layers, shape_aggregates(shape)[None])
-        return self._roofline.step_time_s(shape) + float(extra[0])
+        return sum(t.step_time_s(shape) for t in self._terms) + float(extra[0])
 
     def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of ``num_steps`` pure-decode steps; step ``j`` sees ``context_tokens + j``.
@@ -577,19 +647,20 @@ class CalibratedRooflineCostModel:
         Raises:
             ValueError: if ``num_steps < 0`` or a context is < 1.
         """
-        times = self._roofline.decode_run_times_s(context_tokens, num_steps)
+        runs = [t.decode_run_times_s(context_tokens, num_steps) for t in self._terms]
+        times = runs[0] if len(runs) == 1 else runs[0] + runs[1]
         if len(context_tokens) == 0 or num_steps == 0:
             return times
         agg = _decode_run_aggregates(np.asarray(context_tokens, dtype=np.int64), 1)
         return times + float(self.overhead.seconds(self.model.num_layers, agg)[0])
 
     def describe(self) -> str:
-        """One line: model, achieved rates and the overhead terms."""
+        """One line: model, achieved rates, how they combine, the overhead terms."""
         d, o = self.device, self.overhead
         return (
             f"calibrated roofline: {self.model.name} ({self.model.dtype_bytes}-byte weights) "
-            f"on {d.name}; {d.achievable_flops / 1e9:.4g} GFLOP/s, "
-            f"{d.achievable_bandwidth / 1e9:.4g} GB/s; overhead {o.per_step_s * 1e3:.3g} ms "
+            f"on {d.name}; {self.combine}({d.achievable_flops / 1e9:.4g} GFLOP/s, "
+            f"{d.achievable_bandwidth / 1e9:.4g} GB/s); overhead {o.per_step_s * 1e3:.3g} ms "
             f"+ {o.per_layer_s * 1e3:.3g} ms/layer + {o.per_seq_s * 1e3:.3g} ms/seq "
             f"+ {o.per_prefill_layer_s * 1e3:.3g} ms/prefill/layer"
         )
@@ -600,7 +671,7 @@ class CalibratedRooflineCostModel:
 
 @dataclass(frozen=True)
 class CalibratedRoofline:
-    """Roofline device rates and overhead fitted to a profile, and their held-out error.
+    """Roofline device rates and overheads fitted to a profile, and their held-out error.
 
     Attributes:
         device: a :class:`DeviceSpec` whose ``achievable_flops`` and
@@ -610,28 +681,45 @@ class CalibratedRoofline:
             its peak; else the peak is the achieved rate and the efficiency 1);
             ``overhead_s`` is the overhead of a one-sequence step of the
             profiled model.
-        overhead: the fitted overhead model.
-        held_out: error on the held-out samples of the rates fitted on the
-            training split.
+        overheads: the fitted overhead model per architecture family; a family
+            without skeleton samples takes the profiled model's.
+        combine: ``max`` or ``sum`` (see :class:`CalibratedRooflineCostModel`).
+        held_out: error on the held-out samples of the chosen combine, fitted
+            on the training split; held_out_by_combine: both combines' errors.
     """
 
     device: DeviceSpec
-    overhead: OverheadModel
+    overheads: dict[str, OverheadModel]
+    combine: str
     held_out: HeldOutError
+    held_out_by_combine: dict[str, HeldOutError] = dataclasses.field(default_factory=dict)
+    profiled_family: str = "gpt2"
+
+    def overhead_of(self, model: ModelSpec) -> OverheadModel:
+        """The overhead model of ``model``'s family (else the profiled model's)."""
+        default = self.overheads.get(self.profiled_family, OverheadModel())
+        return self.overheads.get(family_of(model), default)
 
     def cost_model(self, model: ModelSpec) -> CalibratedRooflineCostModel:
         """The calibrated roofline of ``model`` on this device."""
-        return CalibratedRooflineCostModel(model, self.device, self.overhead)
+        return CalibratedRooflineCostModel(
+            model, self.device, self.overhead_of(model), self.combine
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The ``calibrated_roofline`` section of PROFILE.json."""
         device = self.device
         return {
             "device": dataclasses.asdict(device),
-            "overhead": dataclasses.asdict(self.overhead),
+            "combine": self.combine,
+            "overheads": {k: dataclasses.asdict(v) for k, v in self.overheads.items()},
+            "profiled_family": self.profiled_family,
             "achievable_flops": device.achievable_flops,
             "achievable_bandwidth": device.achievable_bandwidth,
             "held_out": dataclasses.asdict(self.held_out),
+            "held_out_by_combine": {
+                k: dataclasses.asdict(v) for k, v in self.held_out_by_combine.items()
+            },
         }
 
     @classmethod
@@ -639,8 +727,11 @@ class CalibratedRoofline:
         """The inverse of :meth:`to_json`."""
         return cls(
             DeviceSpec(**doc["device"]),
-            OverheadModel(**doc["overhead"]),
+            {k: OverheadModel(**v) for k, v in doc["overheads"].items()},
+            str(doc["combine"]),
             HeldOutError(**doc["held_out"]),
+            {k: HeldOutError(**v) for k, v in doc.get("held_out_by_combine", {}).items()},
+            str(doc.get("profiled_family", "gpt2")),
         )
 
 
@@ -657,29 +748,46 @@ _UNIT_DEVICE = DeviceSpec(
 
 
 def _fit_rates(
-    terms: np.ndarray, targets_s: np.ndarray, overhead_s: np.ndarray, fit_intercept: bool
+    terms: np.ndarray,
+    targets_s: np.ndarray,
+    overhead_s: np.ndarray,
+    combine: str,
+    fit_intercept: bool,
 ) -> tuple[float, float, float]:
     """``(s per FLOP, s per byte, extra s per step)`` minimizing squared relative
-    error of ``max(flops * a, bytes * b) + overhead (+ intercept)``.
+    error of ``combine(flops * a, bytes * b) + overhead (+ intercept)``.
 
-    For a fixed ridge ``r = b / a`` the model is linear in ``a`` (and the
-    intercept), so each ridge of :data:`RIDGE_GRID` is one non-negative least
-    squares on ``target - overhead``; the best ridge wins.
+    ``sum`` is one non-negative least squares. For ``max`` and a fixed ridge
+    ``r = b / a`` the model is linear in ``a`` (and the intercept), so each ridge
+    of :data:`RIDGE_GRID` is one non-negative least squares; the best ridge wins.
     """
     from scipy.optimize import nnls
 
-    rest = targets_s - overhead_s
+    rest = (targets_s - overhead_s) / targets_s
+    ones = [np.ones(len(targets_s))] if fit_intercept else []
+    if combine == "sum":
+        scale = terms.max(axis=0)
+        design = np.column_stack([*(terms / scale).T, *ones]) / targets_s[:, None]
+        coef, _ = nnls(design, rest)
+        return coef[0] / scale[0], coef[1] / scale[1], float(coef[2]) if fit_intercept else 0.0
     best: tuple[float, float, float, float] | None = None
     for ridge in RIDGE_GRID:
         work = np.maximum(terms[:, 0], terms[:, 1] * ridge)
-        columns = [work / work.max()] + ([np.ones(len(work))] if fit_intercept else [])
-        design = np.column_stack(columns) / targets_s[:, None]
-        coef, residual = nnls(design, rest / targets_s)
+        design = np.column_stack([work / work.max(), *ones]) / targets_s[:, None]
+        coef, residual = nnls(design, rest)
         if best is None or residual < best[0]:
             a = coef[0] / work.max()
             best = (residual, a, a * ridge, float(coef[1]) if fit_intercept else 0.0)
     assert best is not None
     return best[1], best[2], best[3]
+
+
+def _predict_rates(
+    terms: np.ndarray, rates: tuple[float, float, float], combine: str
+) -> np.ndarray:
+    a, b, c = rates
+    joined = np.maximum if combine == "max" else np.add
+    return joined(terms[:, 0] * a, terms[:, 1] * b) + c
 
 
 def calibrate_roofline(
@@ -689,15 +797,15 @@ def calibrate_roofline(
     seed: int = 0,
     overhead_samples: Sequence[OverheadSample] = (),
 ) -> CalibratedRoofline:
-    """Fit the roofline's device rates and overhead to profiled steps of ``model``.
+    """Fit the roofline's device rates and overheads to profiled steps of ``model``.
 
-    The overhead comes from ``overhead_samples`` (skeleton steps at two layer
-    counts separate a per-layer from a per-step cost); without them it is one
-    constant per step fitted with the rates, which cannot tell a constant
-    overhead from streaming the weights (both are the same every step of one
-    model), so it transfers worse to other shapes. The held-out error comes
-    from rates fitted on a random 80% of ``samples``; the returned rates are
-    refitted on all of them.
+    The overheads come from ``overhead_samples`` (skeleton steps at two depths
+    per architecture family separate a per-layer from a per-step cost); without
+    them the overhead is one constant per step fitted with the rates, which
+    cannot tell a constant overhead from streaming the weights (both are the
+    same every step of one model), so it transfers worse to other shapes. Both
+    combines (``max``, ``sum``) are fitted on a random 80% of ``samples``; the
+    one with the lower median + p90 error on the other 20% is refitted on all.
 
     Args:
         model: the profiled model's shape (``dtype_bytes`` = the profiled dtype).
@@ -711,22 +819,31 @@ def calibrate_roofline(
     """
     if len(samples) < 10:
         raise ProfileError(f"a fit needs >= 10 profiled steps, got {len(samples)}")
-    overhead = OverheadModel.fit(overhead_samples) if overhead_samples else OverheadModel()
+    overheads = {
+        fam: OverheadModel.fit([o for o in overhead_samples if o.family == fam])
+        for fam in FAMILIES
+        if any(o.family == fam for o in overhead_samples)
+    }
+    family = family_of(model)
+    own = overheads.get(family, OverheadModel())
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])
-    over = overhead.seconds(model.num_layers, agg)
+    over = own.seconds(model.num_layers, agg)
     terms = _roofline_terms(model, samples)
     targets = np.array([s.target_s for s in samples])
-    intercept = not overhead_samples
+    intercept = not overheads
     train, test = _split(len(samples), seed)
-    a, b, c = _fit_rates(terms[train], targets[train], over[train], intercept)
-    predicted = np.maximum(terms[test, 0] * a, terms[test, 1] * b) + over[test] + c
-    held_out = HeldOutError.of(predicted, targets[test])
-    a, b, c = _fit_rates(terms, targets, over, intercept)
+    held_out = {}
+    for combine in COMBINES:
+        rates = _fit_rates(terms[train], targets[train], over[train], combine, intercept)
+        predicted = _predict_rates(terms[test], rates, combine) + over[test]
+        held_out[combine] = HeldOutError.of(predicted, targets[test])
+    combine = min(held_out, key=lambda k: held_out[k].median + held_out[k].p90)
+    a, b, c = _fit_rates(terms, targets, over, combine, intercept)
     if intercept:
-        overhead = dataclasses.replace(overhead, per_step_s=c)
-    one_seq = overhead.seconds(model.num_layers, shape_aggregates(BatchShape.decode([1]))[None])
+        overheads[family] = own = dataclasses.replace(own, per_step_s=c)
+    one_seq = own.seconds(model.num_layers, shape_aggregates(BatchShape.decode([1]))[None])
     device = _device_spec(a, b, float(one_seq[0]), base)
-    return CalibratedRoofline(device, overhead, held_out)
+    return CalibratedRoofline(device, overheads, combine, held_out[combine], held_out, family)
 
 
 def _device_spec(

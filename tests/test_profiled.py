@@ -174,7 +174,7 @@ def skeleton_samples() -> list[OverheadSample]:
         BatchShape([32] * n, [32] * n, []) for n in (1, 4)
     ]
     return [
-        OverheadSample(layers, ProfileSample("s", shape, (float(
+        OverheadSample("gpt2", layers, ProfileSample("s", shape, (float(
             TRUE_OVERHEAD.seconds(layers, shape_aggregates(shape)[None])[0]),)))
         for layers in (1, 12) for shape in shapes
     ]  # fmt: skip
@@ -186,7 +186,8 @@ def test_skeleton_overhead_lets_the_roofline_transfer_to_a_deeper_model():
     samples = samples_from(lambda shape: overhead_price(GPT2, shape))
     with_skeleton = calibrate_roofline(GPT2, samples, overhead_samples=skeleton_samples())
     without = calibrate_roofline(GPT2, samples)
-    assert with_skeleton.overhead.per_layer_s == pytest.approx(1.5e-3, rel=1e-3)
+    assert with_skeleton.overheads["gpt2"].per_layer_s == pytest.approx(1.5e-3, rel=1e-3)
+    assert with_skeleton.combine == "max"
     assert with_skeleton.device.achievable_bandwidth == pytest.approx(
         DEVICE.achievable_bandwidth, rel=0.02
     )
@@ -203,6 +204,22 @@ def test_skeleton_overhead_lets_the_roofline_transfer_to_a_deeper_model():
     context = np.array([5, 300, 77])
     assert np.array_equal(
         cost.decode_run_times_s(context, 50), loop_decode_run_times_s(cost, context, 50)
+    )
+
+
+def test_calibration_picks_sum_when_compute_and_memory_do_not_overlap():
+    """On a CPU, eager ops run one after another: step time = compute + memory."""
+    compute = RooflineCostModel(GPT2, dataclasses.replace(DEVICE, mem_bandwidth=1e30))
+    memory = RooflineCostModel(GPT2, dataclasses.replace(DEVICE, peak_flops=1e30))
+    samples = samples_from(lambda sh: compute.step_time_s(sh) + memory.step_time_s(sh) - 3e-3)
+    calibrated = calibrate_roofline(GPT2, samples)
+    assert calibrated.combine == "sum"
+    assert calibrated.held_out_by_combine["sum"].p90 < calibrated.held_out_by_combine["max"].p90
+    assert calibrated.device.achievable_bandwidth == pytest.approx(10e9, rel=0.05)
+    cost = calibrated.cost_model(GPT2_MEDIUM)
+    context = np.array([9, 250])
+    assert np.array_equal(
+        cost.decode_run_times_s(context, 40), loop_decode_run_times_s(cost, context, 40)
     )
 
 

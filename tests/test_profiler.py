@@ -156,9 +156,11 @@ def test_profile_file_has_samples_fit_and_setup(tiny_profile):
     assert kinds == {"prefill", "decode", "mixed"}
     assert all(len(s["times_s"]) in (1, 2) and s["median_s"] > 0 for s in doc["samples"])
     assert doc["fit"]["chosen"] in doc["fit"]["held_out"]
-    overhead = doc["calibrated_roofline"]["overhead"]
-    assert min(overhead.values()) >= 0 and sum(overhead.values()) > 0
-    assert {o["num_layers"] for o in doc["overhead_samples"]} == {1, 2}
+    overheads = doc["calibrated_roofline"]["overheads"]
+    assert set(overheads) == {"gpt2", "llama"}
+    assert all(min(o.values()) >= 0 and sum(o.values()) > 0 for o in overheads.values())
+    layers = {(o["family"], o["num_layers"]) for o in doc["overhead_samples"]}
+    assert layers == {("gpt2", 1), ("gpt2", 2), ("llama", 1), ("llama", 2)}
     assert doc["host"]["num_steps"] > 0 and len(doc["warmup"]) == 5
 
 
