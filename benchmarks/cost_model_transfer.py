@@ -51,10 +51,11 @@ from roseinfer.simulator.cost_model import make_cost_model  # noqa: E402
 from roseinfer.simulator.profiled import (  # noqa: E402
     HeldOutError,
     ProfileSample,
+    calibrate_roofline,
     fit_step_model,
     load_profile,
 )
-from roseinfer.simulator.specs import ModelSpec  # noqa: E402
+from roseinfer.simulator.specs import ModelSpec, get_device_spec  # noqa: E402
 
 # target name -> (built-in config, overrides): shapes the executor can build offline
 TARGETS = {
@@ -123,10 +124,25 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
     parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="refit the source's calibrated roofline from its raw samples with this code",
+    )
+    parser.add_argument(
         "--samples-dir", help="save each target's timed steps here; reuse them if present"
     )
     args = parser.parse_args()
     profile = load_profile(args.source)
+    if args.refit:
+        base = (
+            get_device_spec(profile.executor["device"].split(":")[0])
+            if "cpu" in profile.executor["device"]
+            else None
+        )
+        roofline = calibrate_roofline(
+            profile.model_spec, profile.samples, base, 0, profile.overhead_samples
+        )
+        profile = dataclasses.replace(profile, roofline=roofline)
     torch.set_num_threads(args.threads or profile.environment.get("num_threads") or 1)
     print(f"source: {profile.label}; {profile.roofline.cost_model(profile.model_spec).describe()}")
     print(f"load average {os.getloadavg()[0]:.2f}; threads {torch.get_num_threads()}")

@@ -296,7 +296,7 @@ class HostOverhead:
 
     Attributes:
         per_step_s, per_seq_s, per_token_s: fitted seconds (>= 0).
-        num_steps: steps measured.
+        num_steps: steps of the synthetic run (each timed ``repetitions`` times).
     """
 
     per_step_s: float
@@ -327,29 +327,33 @@ def _host_workload(
     return reqs
 
 
-def measure_host_overhead(config: SchedulerConfig, vocab_size: int, seed: int = 0) -> HostOverhead:
+def measure_host_overhead(
+    config: SchedulerConfig, vocab_size: int, seed: int = 0, repetitions: int = 3
+) -> HostOverhead:
     """Time the shared scheduler's per-step work on a synthetic burst, without a model.
 
-    Steps are grouped by (sequences, tokens); each group's median gap is fitted
-    by non-negative least squares (medians shrug off a preempted thread).
+    The simulation is deterministic, so its k-th step is the same in every
+    repetition: each step keeps its median gap over the repetitions (a step
+    preempted by another job in one of them does not count), and the medians
+    are fitted by non-negative least squares on relative error.
     """
     from scipy.optimize import nnls
 
     num_blocks = max(config.num_kv_blocks, 2 * config.max_num_seqs * -(-320 // config.block_size))
     probe_config = dataclasses.replace(config, num_kv_blocks=num_blocks)
-    probe = _ProbeCostModel(1e-3)
     reqs = _host_workload(config.max_num_seqs, config.max_model_len, vocab_size, seed)
-    simulate(reqs, probe_config, probe, jump=False)
-    groups: dict[tuple[int, int], list[float]] = {}
-    for (t0, shape), (t1, _) in zip(probe.calls, probe.calls[1:]):
-        groups.setdefault((shape.num_seqs, shape.num_tokens), []).append(t1 - t0)
-    keys = sorted(groups)
-    design = np.array([[1.0, s, t] for s, t in keys])
-    gaps = np.array([np.median(groups[k]) for k in keys])
+    runs = []
+    for _ in range(repetitions):
+        probe = _ProbeCostModel(1e-3)
+        simulate(reqs, probe_config, probe, jump=False)
+        runs.append(np.diff([t for t, _ in probe.calls]))
+    gaps = np.median(np.vstack(runs), axis=0)
+    shapes = [shape for _, shape in probe.calls[:-1]]
+    design = np.array([[1.0, s.num_seqs, s.num_tokens] for s in shapes])
     scale = design.max(axis=0)
-    coef, _ = nnls(design / scale, gaps)
+    coef, _ = nnls(design / scale / gaps[:, None], np.ones(len(gaps)))
     coef = coef / scale
-    return HostOverhead(float(coef[0]), float(coef[1]), float(coef[2]), len(probe.calls))
+    return HostOverhead(float(coef[0]), float(coef[1]), float(coef[2]), len(gaps))
 
 
 # --------------------------------------------------------- dispatch overhead

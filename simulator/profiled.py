@@ -507,7 +507,13 @@ class ProfiledCostModel:
 # ------------------------------------------------------------- calibrated roofline
 
 RIDGE_GRID = np.geomspace(1e-2, 1e4, 241)  # FLOPs per byte scanned by the roofline fit
-OVERHEAD_TERMS = ("per_step_s", "per_layer_s", "per_seq_s", "per_prefill_layer_s")
+OVERHEAD_TERMS = (
+    "per_step_s",
+    "per_layer_s",
+    "per_seq_s",
+    "per_seq_layer_s",
+    "per_prefill_layer_s",
+)
 
 
 FAMILIES = ("gpt2", "llama")  # architecture families the executor runs (skeletons of each)
@@ -548,16 +554,19 @@ class OverheadSample:
 @dataclass(frozen=True, slots=True)
 class OverheadModel:
     """Seconds a step costs besides the roofline: ``per_step + per_layer * layers +
-    per_seq * seqs + per_prefill_layer * layers * prefills`` (each prefill chunk
-    makes its own attention call in every layer).
+    per_seq * seqs + per_seq_layer * seqs * layers + per_prefill_layer * layers *
+    prefills`` (each prefill chunk makes its own attention call in every layer;
+    each decode its share of the context gather and masking in every layer).
 
     Attributes:
-        per_step_s, per_layer_s, per_seq_s, per_prefill_layer_s: fitted seconds (>= 0).
+        per_step_s, per_layer_s, per_seq_s, per_seq_layer_s, per_prefill_layer_s:
+            fitted seconds (>= 0).
     """
 
     per_step_s: float = 0.0
     per_layer_s: float = 0.0
     per_seq_s: float = 0.0
+    per_seq_layer_s: float = 0.0
     per_prefill_layer_s: float = 0.0
 
     def seconds(self, num_layers: int, aggregates: np.ndarray) -> np.ndarray:
@@ -585,10 +594,10 @@ class OverheadModel:
 
 
 def _overhead_design(num_layers: int, aggregates: np.ndarray) -> np.ndarray:
-    """``[n, 4]``: step, layers, seqs, layers x prefills."""
-    ones = np.ones(len(aggregates))
+    """``[n, 5]``: step, layers, seqs, seqs x layers, prefills x layers."""
+    ones, seqs = np.ones(len(aggregates)), aggregates[:, 1]
     return np.column_stack(
-        [ones, num_layers * ones, aggregates[:, 1], num_layers * aggregates[:, 5]]
+        [ones, num_layers * ones, seqs, num_layers * seqs, num_layers * aggregates[:, 5]]
     )
 
 
@@ -662,6 +671,7 @@ class CalibratedRooflineCostModel:
             f"on {d.name}; {self.combine}({d.achievable_flops / 1e9:.4g} GFLOP/s, "
             f"{d.achievable_bandwidth / 1e9:.4g} GB/s); overhead {o.per_step_s * 1e3:.3g} ms "
             f"+ {o.per_layer_s * 1e3:.3g} ms/layer + {o.per_seq_s * 1e3:.3g} ms/seq "
+            f"+ {o.per_seq_layer_s * 1e3:.3g} ms/seq/layer "
             f"+ {o.per_prefill_layer_s * 1e3:.3g} ms/prefill/layer"
         )
 

@@ -154,7 +154,11 @@ def test_calibrated_roofline_recovers_device_constants_and_prices_other_shapes()
 
 
 TRUE_OVERHEAD = OverheadModel(
-    per_step_s=1e-3, per_layer_s=1.5e-3, per_seq_s=1e-4, per_prefill_layer_s=5e-5
+    per_step_s=1e-3,
+    per_layer_s=1.5e-3,
+    per_seq_s=1e-4,
+    per_seq_layer_s=2e-5,
+    per_prefill_layer_s=5e-5,
 )
 GPT2_MEDIUM = dataclasses.replace(
     GPT2, name="gpt2-medium", num_layers=24, hidden_size=1024, num_attention_heads=16,
