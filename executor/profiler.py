@@ -522,7 +522,12 @@ def run_profile(
         max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
         config.num_kv_blocks * config.block_size,
     )  # fmt: skip
-    warmup = warm_up(runner, dataclasses.replace(config, max_num_batched_tokens=None))
+    warmup = warm_up(
+        runner,
+        dataclasses.replace(
+            config, max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=True
+        ),
+    )
     host = measure_host_overhead(config, runner.vocab_size, seed)
     dispatch = [
         OverheadSample(o.family, o.num_layers, _with_host(o.sample, host))

@@ -28,10 +28,8 @@ from roseinfer.config import SchedulerConfig
 from roseinfer.executor.engine import synchronize
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 
-# With no token limit per step, warm up to this many tokens (vLLM's default
-# max_num_batched_tokens for chunked prefill) or the model's context if larger.
-DEFAULT_WARMUP_TOKENS = 2048
 NUM_ROUNDS = 1  # a second round measured no further gain (GPT-2, CPU)
+MIXED_CHUNK_TOKENS = 256  # the mixed step warms its code path; size is the prefills' job
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,30 +55,30 @@ def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, list[tuple[int, in
     sequence (a decode is ``(1, context)``), all fitting the KV pool:
 
     * ``prefill``: one prompt of ``max_model_len`` tokens (the longest attention);
-    * ``prefill-batch``: the per-step token limit (``max_num_batched_tokens``, or
-      ``max(max_model_len, 2048)`` when unlimited) as prompts of at most
-      ``max_model_len`` (the largest linear layers);
+    * ``prefill-batch``: when ``max_num_batched_tokens`` exceeds one prompt, that
+      many tokens as prompts of at most ``max_model_len`` (the largest linear
+      layers; with no limit the largest step is unbounded, so it is skipped);
     * ``decode``: ``max_num_seqs`` decodes at the longest context that fits
       (the largest decode batch and its context gather);
-    * ``decode-1``: one decode; ``mixed``: one prompt chunk with a few decodes.
+    * ``decode-1``: one decode; ``mixed``: a prompt chunk of at most 256 tokens
+      beside a few decodes.
     """
     capacity = config.num_kv_blocks * config.block_size
     max_len = min(config.max_model_len, capacity)
-    budget = min(
-        config.max_num_batched_tokens or max(config.max_model_len, DEFAULT_WARMUP_TOKENS), capacity
-    )
+    budget = min(config.max_num_batched_tokens or max_len, capacity)
     prompt = min(max_len, budget)
-    batch = [(prompt, prompt)] * max(1, budget // prompt)
     num_decodes = min(config.max_num_seqs, capacity)
     decode_ctx = max(1, min(max_len, capacity // num_decodes))
     few = min(4, num_decodes)
-    mixed_prompt = max(1, min(prompt, budget - few, capacity - few * decode_ctx))
+    chunk = max(1, min(prompt, MIXED_CHUNK_TOKENS, budget - few, capacity - few * decode_ctx))
+    shapes = [("prefill", [(prompt, prompt)])]
+    if budget // prompt > 1:
+        shapes.append(("prefill-batch", [(prompt, prompt)] * (budget // prompt)))
     return [
-        ("prefill", [(prompt, prompt)]),
-        ("prefill-batch", batch),
+        *shapes,
         ("decode", [(1, decode_ctx)] * num_decodes),
         ("decode-1", [(1, decode_ctx)]),
-        ("mixed", [(mixed_prompt, mixed_prompt), *[(1, decode_ctx)] * few]),
+        ("mixed", [(chunk, chunk), *[(1, decode_ctx)] * few]),
     ]
 
 

@@ -70,7 +70,13 @@ def test_warmup_shapes_fit_the_pool():
         assert sum(c for _, c in seqs) <= 80
         assert all(1 <= n <= c <= 50 for n, c in seqs)
     names = [name for name, _ in warmup_shapes(config)]
-    assert names[0] == "prefill"
+    assert names == ["prefill", "decode", "decode-1", "mixed"]  # no token limit: no batch
+    limited = SchedulerConfig(
+        num_kv_blocks=100, block_size=4, max_num_seqs=8, max_model_len=50,
+        max_num_batched_tokens=150, enable_chunked_prefill=True,
+    )  # fmt: skip
+    batch = dict(warmup_shapes(limited))["prefill-batch"]
+    assert batch == [(50, 50)] * 3
 
 
 def tiny_requests(vocab: int, n: int = 6) -> list[Request]:
