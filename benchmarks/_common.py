@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from roseinfer import workloads
+from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.request import Request
 
 GPT2_CONTEXT = 1024
@@ -59,17 +60,17 @@ def trace_slice(
     seed: int = 0,
 ) -> tuple[list[Request], str]:
     """The first ``num_requests`` requests (after ``skip``) of the embedded Azure conv
-    trace, fitted to ``max_model_len`` (:func:`roseinfer.workloads.fit_lengths`),
+    trace, fitted to ``max_model_len`` (:func:`roseinfer.executor.workload_fit.fit_lengths`),
     with made-up token ids; all arriving at t=0 unless ``arrivals_at_zero`` is False.
 
     Returns:
         (requests, a one-line description of the workload).
     """
     reqs = workloads.select(workloads.load_default_trace(), num_requests=num_requests, skip=skip)
-    reqs, fit_note = workloads.fit_lengths(reqs, max_model_len, mode=fit)
+    reqs, fit_note = fit_lengths(reqs, max_model_len, mode=fit)
     if arrivals_at_zero:
         reqs = [dataclasses.replace(r, arrival_time_s=0.0) for r in reqs]
-    reqs = workloads.with_token_ids(reqs, vocab_size=workloads.GPT2_VOCAB_SIZE, seed=seed)
+    reqs = with_token_ids(reqs, vocab_size=workloads.GPT2_VOCAB_SIZE, seed=seed)
     return reqs, describe(
         reqs, f"Azure conv 2023 (embedded) rows {skip}..{skip + len(reqs) - 1}; {fit_note}"
     )

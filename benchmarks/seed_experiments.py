@@ -1,6 +1,6 @@
 """Reproduce a seed post's before/after experiment with one command.
 
-Runs every variant the post compares (``roseinfer.workloads.SEED_EXPERIMENTS``)
+Runs every variant the post compares (``seed_recipes.SEED_EXPERIMENTS``)
 on the same workload, in the simulator (``--backend sim``: cost model,
 seconds) or on the real executor (``--backend run``: GPT-2 124M with random
 weights, same compute as the real one), and prints the seeds' metrics side by
@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import pandas as pd
+from seed_recipes import SEED_EXPERIMENTS, SeedExperiment
 
 from roseinfer import workloads
 from roseinfer.config import SchedulerConfig
@@ -65,7 +66,7 @@ def base_config(model_len: int) -> SchedulerConfig:
     return SchedulerConfig(num_kv_blocks=4096, block_size=16, max_model_len=model_len)
 
 
-def run_sim(exp: workloads.SeedExperiment, requests: list, device: str) -> pd.DataFrame:
+def run_sim(exp: SeedExperiment, requests: list, device: str) -> pd.DataFrame:
     """Every variant in the simulator (GPT-2 shape on ``device``)."""
     from roseinfer.simulator import make_cost_model, simulate
 
@@ -77,7 +78,7 @@ def run_sim(exp: workloads.SeedExperiment, requests: list, device: str) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def run_real(exp: workloads.SeedExperiment, requests: list, device: str, seed: int) -> pd.DataFrame:
+def run_real(exp: SeedExperiment, requests: list, device: str, seed: int) -> pd.DataFrame:
     """Every variant on the executor with GPT-2 124M (random weights)."""
     import torch
 
@@ -99,13 +100,13 @@ def run_real(exp: workloads.SeedExperiment, requests: list, device: str, seed: i
     return pd.DataFrame(rows)
 
 
-def show(name: str, exp: workloads.SeedExperiment, df: pd.DataFrame, where: str) -> None:
+def show(name: str, exp: SeedExperiment, df: pd.DataFrame, where: str) -> None:
     """Print ours next to the post's figures."""
     print(f"\n=== {exp.title} [{where}] ===")
     print(df[[c for c in COLUMNS if c in df]].round(2).to_string(index=False))
     reported = REPORTED.get(name)
     if reported:
-        print(f"post ({exp.seed_file}, {exp.device}):")
+        print(f"post ({exp.workload.seed_file}, {exp.device}):")
         print(pd.DataFrame(reported).T.to_string())
     if len(df) == 2:
         a, b = df.iloc[0], df.iloc[1]
@@ -116,7 +117,7 @@ def show(name: str, exp: workloads.SeedExperiment, df: pd.DataFrame, where: str)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("experiment", choices=[*workloads.SEED_EXPERIMENTS, "all"])
+    parser.add_argument("experiment", choices=[*SEED_EXPERIMENTS, "all"])
     parser.add_argument("--backend", choices=["sim", "run"], default="sim")
     parser.add_argument(
         "--device",
@@ -126,13 +127,13 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, help="scale the request count down")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    names = list(workloads.SEED_EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    names = list(SEED_EXPERIMENTS) if args.experiment == "all" else [args.experiment]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cpus; backend {args.backend}")
     for name in names:
         overrides: dict[str, Any] = {"seed": args.seed}
         if args.num_requests:
             overrides["num_requests"] = args.num_requests
-        exp = workloads.SEED_EXPERIMENTS[name]
+        exp = SEED_EXPERIMENTS[name]
         requests = workloads.seed_workload(name, **overrides)
         start = time.perf_counter()
         if args.backend == "sim":

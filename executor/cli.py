@@ -32,21 +32,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from roseinfer import workloads
 from roseinfer.cli import (
+    ArgumentParser,
     CliError,
     add_common_args,
     build_workload,
+    config_facts,
     kv_blocks_from_bytes,
     policy_options,
     report,
     run_main,
     scheduler_config,
+    scheduler_knobs,
 )
 from roseinfer.executor.engine import Engine, RunResult
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
 from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
 from roseinfer.executor.warmup import warm_up
+from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.registry import Registry
 from roseinfer.request import Request
 
@@ -57,7 +60,7 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rose-run`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rose-run",
         description="Run an LLM-serving scheduling policy for real: the shared scheduler "
         "drives a PyTorch model with a paged KV cache (default: the embedded Azure conv "
@@ -206,8 +209,8 @@ def _fit_requests(
     has a small vocab). Returns the requests and a note on each change."""
     fit_note = "off"
     if args.fit_lengths != "off":
-        requests, fit_note = workloads.fit_lengths(requests, max_model_len, mode=args.fit_lengths)
-    requests = workloads.with_token_ids(requests, vocab_size=vocab_size, seed=args.seed)
+        requests, fit_note = fit_lengths(requests, max_model_len, mode=args.fit_lengths)
+    requests = with_token_ids(requests, vocab_size=vocab_size, seed=args.seed)
     num_folded = 0
     for i, r in enumerate(requests):
         ids = r.prompt_token_ids or ()
@@ -233,7 +236,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     model, config, _tokenizer = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
     max_model_len = _max_model_len(args, model)
     requests, fit_note, vocab_note = _fit_requests(args, requests, max_model_len, _vocab(config))
-    max_seqs_blocks = args.max_num_seqs * -(-max_model_len // args.block_size)
+    max_seqs_blocks = scheduler_knobs(args)["max_num_seqs"] * -(-max_model_len // args.block_size)
     kv_bytes = _kv_bytes_per_token(config, dtype)
     sched_config = scheduler_config(
         args,
@@ -265,11 +268,8 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "attention_backend": runner.attention_backend,
         "fit_lengths": fit_note,
         "token_ids": vocab_note,
-        "num_kv_blocks": sched_config.num_kv_blocks,
-        "block_size": sched_config.block_size,
-        "max_num_seqs": sched_config.max_num_seqs,
-        "prefill_max_tokens": sched_config.prefill_max_tokens,
-        "max_model_len": max_model_len,
+        "scheduler_preset": args.scheduler_preset or "seeds",
+        **config_facts(sched_config),
         "kv_pool_peak_utilization": result.scheduler.max_used_blocks / sched_config.num_kv_blocks,
         "peak_memory_gb": _peak_memory_gb(device),
         "num_steps": result.scheduler.step_log.num_steps,

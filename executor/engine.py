@@ -185,13 +185,13 @@ class Engine:
 
         Raises:
             ValueError: if it has no prompt token ids (a length-only trace needs
-                ``roseinfer.workloads.with_token_ids``) or an id outside the vocab.
+                ``roseinfer.executor.workload_fit.with_token_ids``) or an id outside the vocab.
         """
         ids = request.prompt_token_ids
         if ids is None:
             raise ValueError(
                 f"request {request.request_id!r} has no prompt token ids; the executor "
-                "needs them (roseinfer.workloads.with_token_ids makes them up for a trace)"
+                "needs them (roseinfer.executor.workload_fit.with_token_ids makes them up for a trace)"
             )
         vocab = self.runner.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)

@@ -595,10 +595,11 @@ def _executor_facts(
 
 def build_profile_parser() -> argparse.ArgumentParser:
     """The ``rose-run profile`` argument parser."""
+    from roseinfer.cli import ArgumentParser
     from roseinfer.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS
     from roseinfer.executor.cli import DTYPES, GPU_MEMORY_UTILIZATION
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rose-run profile",
         description="Time the executor's real steps over a grid of batch shapes and fit a "
         "cost model for `rose-sim --cost-model PROFILE.json`.",

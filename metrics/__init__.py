@@ -14,6 +14,7 @@ Example::
 """
 
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
+from .io import write_records, write_result
 from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
 from .summary import (
@@ -46,4 +47,6 @@ __all__ = [
     "summarize",
     "tenant_fairness",
     "validate_records",
+    "write_records",
+    "write_result",
 ]

@@ -295,17 +295,22 @@ class Scheduler:
             PolicyError: if a policy answer is invalid.
             ValueError: if ``num_decode_steps`` exceeds what can run uneventfully.
         """
+        preempted: list[Sequence] = []  # by phases that then had nothing to run
         for phase in self._next_phases(now_s):
             out = self._plan(phase, now_s)
             if not out.is_empty:
                 if num_decode_steps > 1:
                     self._extend_decode_run(out, num_decode_steps)
+                out.preempted[:0] = preempted
                 return out
+            preempted += out.preempted
         if len(self.running) > self.num_prefilling:
             # A whole iteration ran nothing (e.g. a prefill-only order with no room
             # to admit): decode so running requests never idle.
-            return self._plan(Phase.DECODE, now_s)
-        return SchedulerOutput(self.step_log.num_steps, None)
+            out = self._plan(Phase.DECODE, now_s)
+            out.preempted[:0] = preempted
+            return out
+        return SchedulerOutput(self.step_log.num_steps, None, preempted=preempted)
 
     def _next_phases(self, now_s: float) -> Iterator[Phase]:
         """The rest of the current iteration, then (once) a whole new one."""
@@ -372,11 +377,11 @@ class Scheduler:
         """One token for every decoding request, preempting by recompute when
         the pool is dry (victim chosen by the policy)."""
         for seq in list(self.running):
-            if seq.status is SeqStatus.RUNNING and seq.is_decoding:
-                if self._reserve(seq, seq.num_tokens, out, room, now_s):
-                    n = seq.num_computed_tokens
-                    out.scheduled.append(ScheduledSeq(seq, n, 1, True, True))
-                    room.take(1, prefill=False)
+            # a victim preempted earlier in this loop is WAITING now: skip it
+            if not seq.is_decoding or not self._reserve(seq, seq.num_tokens, out, room, now_s):
+                continue
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True, True))
+            room.take(1, prefill=False)
 
     def _schedule_partial_prefills(
         self, out: SchedulerOutput, room: _StepTokens, now_s: float
@@ -474,7 +479,9 @@ class Scheduler:
             num_free_blocks=self.block_manager.num_free_blocks,
             max_batched_tokens=_limit(room.batched),
         )
-        choices = self._validated(self.policy.admit(_WaitingView(self.waiting), budget, ctx), budget, ctx)
+        choices = self._validated(
+            self.policy.admit(_WaitingView(self.waiting), budget, ctx), budget, ctx
+        )
         admitted: set[int] = set()
         for seq, num_tokens in choices:
             item = self._admit(seq, num_tokens, out, room, now_s)
@@ -565,7 +572,9 @@ class Scheduler:
     def _choice(
         self, where: str, choice: object, budget: Budget, ctx: PolicyContext
     ) -> tuple[Sequence, int | None]:
-        seq, num_tokens = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
+        seq, num_tokens = (
+            choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
+        )
         if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
             raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
         if seq.status is not SeqStatus.WAITING:
@@ -636,9 +645,7 @@ class Scheduler:
             )
         )
         if eventful:
-            raise ValueError(
-                f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()"
-            )
+            raise ValueError(f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()")
         for item in out.scheduled:  # raises RuntimeError if the pool is short
             self.block_manager.grow(item.seq, item.seq.num_tokens + num_steps - 1)
         out.num_steps = num_steps

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from roseinfer.cli import (
+    ArgumentParser,
     CliError,
     add_common_args,
     build_workload,
+    config_facts,
     kv_blocks_from_bytes,
     report,
     run_main,
     scheduler_config,
+    scheduler_knobs,
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
@@ -46,7 +49,7 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rose-sim`` argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="rose-sim",
         description="Simulate an LLM-serving scheduling policy on a workload with a cost "
         "model (default: the embedded Azure conv trace sample, Llama-3.1-8B on one H100).",
@@ -158,7 +161,8 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     model = profile.model_spec
     if args.model is not None:
         model = replace(load_model_spec(args.model), dtype_bytes=profile.model_spec.dtype_bytes)
-    defaults = profile.scheduler_defaults(model, args.block_size, args.max_num_seqs)
+    max_num_seqs = scheduler_knobs(args)["max_num_seqs"]
+    defaults = profile.scheduler_defaults(model, args.block_size, max_num_seqs)
     args.block_size = defaults["block_size"]
     num_blocks = defaults["num_kv_blocks"]
     if args.kv_cache_memory_gb is not None:
@@ -208,11 +212,8 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "cost_model": cost_model.describe(),
         "cost_model_kind": cost_model.name,
         **setup.extra,
-        "num_kv_blocks": config.num_kv_blocks,
-        "block_size": config.block_size,
-        "max_num_seqs": config.max_num_seqs,
-        "prefill_max_tokens": config.prefill_max_tokens,
-        "max_model_len": config.max_model_len,
+        "scheduler_preset": args.scheduler_preset or "seeds",
+        **config_facts(config),
         "sim_wall_s": result.wall_s,
         "num_steps": result.num_steps,
     }

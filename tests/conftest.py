@@ -5,9 +5,8 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
-import pytest
-
 import pandas as pd
+import pytest
 
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import Budget, PolicyContext, PolicyOptions

@@ -25,7 +25,6 @@ from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.interface import Phase, PolicyOptions  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 from roseinfer.scheduler import SchedulerOutput  # noqa: E402
-from roseinfer.sequence import SeqStatus  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -142,7 +141,8 @@ def assert_matches_generate(model, requests: list[Request], result: RunResult) -
             assert len(set(expected)) > 2, f"degenerate {expected}: raise initializer_range"
         assert got[r.request_id] == expected, r.request_id
     assert (result.records["status"] == "finished").all()
-    assert (result.records["num_output_tokens"] == [r.max_output_tokens for r in requests]).all()
+    counts = dict(zip(result.records["request_id"], result.records["num_output_tokens"]))
+    assert counts == {r.request_id: r.max_output_tokens for r in requests}
 
 
 def mixed_requests(seed: int = 1) -> list[Request]:
@@ -197,6 +197,56 @@ def test_preemption_by_recompute_keeps_greedy_output(name, prefix_caching):
     assert result.records["num_preemptions"].sum() == result.scheduler.num_preemptions
     assert any(out.preempted for out in steps)
     assert result.scheduler.max_used_blocks <= 14
+
+
+CHUNKED = {
+    "mixed": dict(
+        loop_order="mixed",
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=16,
+        max_num_batched_tokens=40,
+    ),
+    "prefill-first": dict(enable_chunked_prefill=True, max_num_batched_tokens=16),
+}
+
+
+def chunked_requests(seed: int = 7) -> list[Request]:
+    """Prompts of 5-70 tokens (two share a 37-token prefix), arriving in three
+    waves so later prompts are cut into chunks beside running decodes."""
+    lengths = (70, 9, 41, 23, 5, 58)
+    reqs = [
+        request(i, random_ids(n, seed + i), 6 + i, arrival=0.01 * (i // 2))
+        for i, n in enumerate(lengths)
+    ]
+    prefix = random_ids(37, seed + 50)
+    reqs.append(request(6, prefix + random_ids(11, seed + 51), 7, arrival=0.0))
+    reqs.append(request(7, prefix + random_ids(3, seed + 52), 9, arrival=0.02))
+    return reqs
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("order", sorted(CHUNKED))
+def test_chunked_prefill_and_mixed_steps_give_generate_output(name, order):
+    model = cached_model(name)
+    reqs = chunked_requests()
+    result, steps = run(make_engine(model, max_num_seqs=8, **CHUNKED[order]), reqs)
+    assert_matches_generate(model, reqs, result)
+    partial = [i for out in steps for i in out.scheduled if not i.samples]
+    assert partial and all(i.num_new_tokens <= 16 for i in partial)  # 16-token chunks
+    assert any(out.prefills and out.decodes for out in steps) == (order == "mixed")
+    assert result.records.set_index("request_id").loc["r7", "num_cached_prompt_tokens"] == 36
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_chunked_prefill_survives_preemption(name):
+    """A 24-block pool for prompts of 23-70 tokens cut into 16-token chunks: partial
+    prefills and decodes are preempted and recomputed, outputs stay exact."""
+    model = cached_model(name)
+    reqs = chunked_requests(seed=11)
+    engine = make_engine(model, 26, max_num_seqs=8, **CHUNKED["mixed"])
+    result, steps = run(engine, reqs)
+    assert_matches_generate(model, reqs, result)
+    assert result.scheduler.num_preemptions > 0
 
 
 POLICIES = {

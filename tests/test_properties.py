@@ -1,30 +1,70 @@
 """Hypothesis properties over every registered policy, loop order and wrapper.
 
-Invariants (DESIGN.md): every answer is a subset of the waiting queue with no
-duplicates; FIFO-family answers are a prefix of the queue and pack's are in
-arrival order; the token budget holds unless one request goes alone;
-progress (a non-empty queue with a free seat gets an admission); force-FIFO
-admits the head within N admission rounds; conservation (every request ends
-exactly once, with its exact output length) and no KV block leaks.
+Universal invariants (DESIGN.md), for every policy: every answer is a subset of
+the waiting queue with no duplicates, within the seat limit and the token
+budget (unless one request goes alone); progress (a non-empty queue with a free
+seat gets an admission); conservation (every request ends exactly once, with
+its exact output length); no KV block leaks; no step computes more than
+``max_num_batched_tokens``; every prompt token is computed exactly once per
+admission (recompute after a preemption counted apart). Declared guarantees,
+for the policies that declare them: arrival order (``preserves_arrival_order``),
+a queue prefix (``admits_queue_prefix``), force-FIFO's starvation bound.
+
+Policies include the README's third-party example (``ShortestFirst``), which
+declares no order: it must pass the universal invariants, and only those.
 """
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from conftest import make_scheduler, records_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roseinfer.interface import AdmissionPolicy, PolicyOptions, PolicyWrapper
-from roseinfer.registry import load_registry
+from roseinfer.interface import AdmissionPolicy, Phase, PolicyOptions, PolicyWrapper
+from roseinfer.registry import Entry, Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler
 
-REGISTRY = load_registry()
+
+def readme_plugin() -> type[AdmissionPolicy]:
+    """The ``ShortestFirst`` plugin of README.md's "Writing a plugin", as written."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    code = re.search(r"```python\n(# my_policies\.py\n.*?)```", readme, re.S)
+    assert code, "README.md lost its plugin example"
+    namespace: dict = {}
+    exec(code.group(1), namespace)  # noqa: S102 - our own README
+    return namespace["ShortestFirst"]
+
+
+class RandomPhases(AdmissionPolicy):
+    """A loop order answering random phase tuples (1-5 long, repeats allowed)."""
+
+    name = "random-phases"
+
+    def __init__(self, options: PolicyOptions | None = None) -> None:
+        super().__init__(options)
+        self.rng = random.Random(int((options or PolicyOptions()).extra.get("seed", "0")))
+
+    def order(self, ctx):  # type: ignore[no-untyped-def]
+        return tuple(self.rng.choice(list(Phase)) for _ in range(self.rng.randint(1, 5)))
+
+
+def make_registry() -> Registry:
+    reg = load_registry()
+    reg.policies["shortest-first"] = Entry(readme_plugin(), "README example")
+    reg.loop_orders["random-phases"] = Entry(RandomPhases, "test")
+    return reg
+
+
+REGISTRY = make_registry()
 POLICIES = sorted(REGISTRY.policies)
 ORDERS = sorted(REGISTRY.loop_orders)
-FIFO_FAMILY = {"fifo", "budget"}
+MAX_MODEL_LEN = 64
 
 
 @dataclass
@@ -33,7 +73,7 @@ class Call:
     max_tokens: int | None
     max_seqs: int
     selection: list[int]
-    costs: dict[int, int]
+    tokens: dict[int, int]  # chunk asked for, else the cost
     round_index: int
 
 
@@ -47,19 +87,19 @@ class Spy(PolicyWrapper):
         self.calls: list[Call] = []
 
     def admit(self, waiting, budget, ctx):  # type: ignore[no-untyped-def]
-        selection = self.inner.admit(waiting, budget, ctx)
-        window = list(waiting)
+        answer = self.inner.admit(waiting, budget, ctx)
+        pairs = [c if isinstance(c, tuple) else (c, ctx.cost(c)) for c in answer]
         self.calls.append(
             Call(
-                waiting=[s.seq_id for s in window],
+                waiting=[s.seq_id for s in waiting],
                 max_tokens=budget.max_tokens,
                 max_seqs=budget.max_seqs,
-                selection=[s.seq_id for s in selection],
-                costs={s.seq_id: ctx.cost(s) for s in window},
+                selection=[s.seq_id for s, _ in pairs],
+                tokens={s.seq_id: n for s, n in pairs},
                 round_index=ctx.admission_round,
             )
         )
-        return selection
+        return answer
 
 
 @st.composite
@@ -78,40 +118,85 @@ def workloads(draw) -> list[Request]:  # type: ignore[no-untyped-def]
 @st.composite
 def configs(draw) -> dict:  # type: ignore[no-untyped-def]
     policy = draw(st.sampled_from(POLICIES))
-    uses_budget = REGISTRY.policy(policy).uses_token_budget
+    cls = REGISTRY.policy(policy)
+    max_num_seqs = draw(st.integers(1, 8))
+    chunked = draw(st.booleans())
+    batched = draw(st.one_of(st.none(), st.integers(max_num_seqs, 48)))
+    if not chunked and batched is not None:
+        batched = max(batched, MAX_MODEL_LEN)
+    threshold = draw(st.one_of(st.none(), st.integers(1, 16))) if chunked else None
+    if chunked and batched is None and threshold is None:
+        threshold = draw(st.integers(1, 16))
     return {
         "policy": policy,
         "loop_order": draw(st.sampled_from(ORDERS)),
         "block_size": draw(st.sampled_from([1, 2, 4, 8])),
         "num_kv_blocks": draw(st.integers(8, 80)),
-        "max_num_seqs": draw(st.integers(1, 8)),
+        "max_num_seqs": max_num_seqs,
         "prefill_max_seqs": draw(st.one_of(st.none(), st.integers(1, 8))),
         "prefill_max_tokens": draw(st.one_of(st.none(), st.integers(1, 64)))
-        if uses_budget
+        if cls.uses_token_budget
+        else None,
+        "max_num_batched_tokens": batched,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": threshold,
+        "max_num_partial_prefills": draw(st.one_of(st.none(), st.integers(1, 3)))
+        if chunked
         else None,
         "enable_prefix_caching": draw(st.booleans()),
-        "max_model_len": 64,
+        "max_model_len": MAX_MODEL_LEN,
         "options": PolicyOptions(
             lookahead=draw(st.integers(1, 8)),
             force_fifo_every=draw(st.sampled_from([0, 0, 1, 2, 3])),
+            chunk_head=chunked and cls.uses_chunk_head and draw(st.booleans()),
+            extra={"seed": str(draw(st.integers(0, 99)))},
         ),
     }
 
 
+class PrefillLedger:
+    """Checks that a (re)prefill computes each uncached token exactly once."""
+
+    def __init__(self) -> None:
+        self.expected: dict[int, int] = {}  # seq_id -> tokens its prefill must compute
+        self.computed: dict[int, int] = {}
+
+    def step(self, out) -> None:  # type: ignore[no-untyped-def]
+        for seq in out.preempted:  # recompute is counted apart: start over
+            self.expected.pop(seq.seq_id, None)
+            self.computed.pop(seq.seq_id, None)
+        for item in out.prefills:
+            sid = item.seq.seq_id
+            if sid not in self.expected:  # first chunk of this stay
+                self.expected[sid] = item.seq.num_tokens - item.num_computed_tokens
+                self.computed[sid] = 0
+            assert (
+                item.num_computed_tokens
+                == item.seq.num_tokens - self.expected[sid] + (self.computed[sid])
+            ), "a chunk does not start where the last one ended"
+            self.computed[sid] += item.num_new_tokens
+            if item.samples:
+                assert self.computed.pop(sid) == self.expected.pop(sid), "prefill miscounted"
+
+
 def run(sched: Scheduler, reqs: list[Request], max_steps: int = 5000) -> None:
     """Drive with 1 s steps, releasing arrivals on time; check invariants each step."""
+    cap = sched.config.max_num_batched_tokens
+    ledger = PrefillLedger()
     now, i = 0.0, 0
     for _ in range(max_steps):
         while i < len(reqs) and reqs[i].arrival_time_s <= now:
             sched.add_request(reqs[i], now)
             i += 1
         out = sched.schedule(now)
+        ledger.step(out)
         if out.is_empty:
             assert not sched.has_unfinished(), "stalled with work left"
             if i == len(reqs):
                 return
             now = reqs[i].arrival_time_s
             continue
+        assert cap is None or out.num_batched_tokens <= cap, "step over max_num_batched_tokens"
         now += 1.0
         sched.update(out, now)
         sched.block_manager.check_invariants()
@@ -125,9 +210,9 @@ def spied(cfg: dict) -> tuple[Scheduler, Spy]:
     return sched, spy
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=workloads(), cfg=configs())
-def test_conservation_and_no_leaks(reqs: list[Request], cfg: dict) -> None:
+def test_conservation_budgets_and_no_leaks(reqs: list[Request], cfg: dict) -> None:
     sched, _ = spied(cfg)
     run(sched, reqs)
     sched.check_invariants()
@@ -144,24 +229,28 @@ def test_conservation_and_no_leaks(reqs: list[Request], cfg: dict) -> None:
     assert (finished.finish_s >= finished.first_token_s).all()
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=workloads(), cfg=configs())
-def test_every_answer_is_valid_ordered_and_makes_progress(reqs: list[Request], cfg: dict) -> None:
+def test_every_answer_is_valid_makes_progress_and_keeps_declared_order(
+    reqs: list[Request], cfg: dict
+) -> None:
     sched, spy = spied(cfg)
     run(sched, reqs)
+    policy = REGISTRY.policy(cfg["policy"])
     forced_every = cfg["options"].force_fifo_every
     for call in spy.calls:
         sel = call.selection
         assert len(set(sel)) == len(sel) and set(sel) <= set(call.waiting)
         assert sel, "non-empty queue with a free seat admitted nothing"
         assert len(sel) <= call.max_seqs
-        positions = [call.waiting.index(s) for s in sel]
-        assert positions == sorted(positions), "selection not in arrival order"
-        forced = forced_every and call.round_index % forced_every == 0
-        if cfg["policy"] in FIFO_FAMILY or forced:
-            assert positions == list(range(len(sel))), "FIFO answer is not a queue prefix"
         if call.max_tokens is not None and len(sel) > 1:
-            assert sum(call.costs[s] for s in sel) <= call.max_tokens
+            assert sum(call.tokens[s] for s in sel) <= call.max_tokens
+        positions = [call.waiting.index(s) for s in sel]
+        forced = forced_every and call.round_index % forced_every == 0
+        if policy.preserves_arrival_order or policy.admits_queue_prefix or forced:
+            assert positions == sorted(positions), "selection not in arrival order"
+        if policy.admits_queue_prefix or forced:
+            assert positions == list(range(len(sel))), "FIFO answer is not a queue prefix"
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,3 +270,9 @@ def test_force_fifo_bounds_starvation(reqs: list[Request], cfg: dict, every: int
             assert admitted_round[head] - call.round_index < every, (
                 f"head {head} waited {admitted_round[head] - call.round_index} rounds"
             )
+
+
+def test_the_readme_plugin_declares_no_order_and_is_exercised() -> None:
+    cls = REGISTRY.policy("shortest-first")
+    assert not cls.preserves_arrival_order and not cls.admits_queue_prefix
+    assert "random-phases" in ORDERS and "mixed" in ORDERS

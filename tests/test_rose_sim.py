@@ -127,7 +127,10 @@ def bad_trace(tmp_path: Path) -> Path:
     "args, message",
     [
         (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, fifo, pack"),
-        (["--loop-order", "sideways"], "known: decode-first, mixed, prefill-first, prefill-priority"),
+        (
+            ["--loop-order", "sideways"],
+            "known: decode-first, mixed, prefill-first, prefill-priority",
+        ),
         (["--policy", "fifo", "--prefill-max-tokens", "64"], "ignores --prefill-max-tokens"),
         (["--policy", "budget", "--lookahead", "8"], "--lookahead is read only by: pack"),
         (["--workload", "seed-031", "--trace", "x.csv"], "either --trace or --workload"),
@@ -141,6 +144,15 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--goodput", "latency:5"], "latency"),
         (["--save-records", "r.txt", "--num-requests", "3"], ".csv or .parquet"),
         (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
+        (["--max-num-batched-tokens", "512"], "add --enable-chunked-prefill"),
+        (["--long-prefill-token-threshold", "16"], "only applies with --enable-chunked-prefill"),
+        (["--policy", "fifo", "--chunk-head"], "--chunk-head is read only by: budget, pack"),
+        (["--enable-chunked-prefill"], "needs a per-step limit"),
+        (
+            ["--scheduler-preset", "vllm-v1", "--max-num-batched-tokens", "64"],
+            "(64) must be >= max_num_seqs (256)",
+        ),
+        (["--scheduler-preset", "trt"], "invalid choice: 'trt'"),
     ],
 )
 def test_bad_input_gives_one_error_line(monkeypatch, capsys, tmp_path, args, message) -> None:
@@ -151,6 +163,23 @@ def test_bad_input_gives_one_error_line(monkeypatch, capsys, tmp_path, args, mes
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rose-sim: error:"), err
     assert message in lines[0]
+
+
+def test_scheduler_preset_sets_the_knobs_and_flags_win(monkeypatch, capsys, tmp_path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    common = ("--num-requests", "60", "--quiet", "--scheduler-preset", "vllm-v1")
+    rose_sim(monkeypatch, capsys, *common, "--save-result", str(a))
+    rose_sim(monkeypatch, capsys, *common, "--loop-order", "decode-first", "--save-result", str(b))
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    assert ra["completed"] == rb["completed"] == 60
+    assert (ra["scheduler_preset"], ra["loop_order"], ra["enable_chunked_prefill"]) == (
+        "vllm-v1",
+        "mixed",
+        True,
+    )
+    assert (ra["max_num_batched_tokens"], ra["max_num_seqs"]) == (2048, 256)
+    assert ra["policy"] == "fifo+mixed"
+    assert rb["loop_order"] == "decode-first" and rb["max_num_batched_tokens"] == 2048
 
 
 def test_malformed_trace_row_names_file_and_line(monkeypatch, capsys, tmp_path) -> None:

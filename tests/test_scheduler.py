@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import make_scheduler, req, records_of
+from conftest import make_scheduler, records_of, req
 
 from roseinfer.interface import AdmissionPolicy, Phase, PolicyError
 from roseinfer.registry import Entry

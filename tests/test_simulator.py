@@ -27,6 +27,8 @@ def mixed_requests(n: int = 300, seed: int = 0) -> list[Request]:
         ("fifo", None, "prefill-first", 0),
         ("budget", 512, "decode-first", 0),
         ("pack", 512, "prefill-first", 4),
+        ("fifo", None, "mixed", 0),
+        ("budget", 512, "prefill-priority", 0),
     ],
 )
 def test_jumps_give_the_same_records_as_single_steps(policy, budget, order, every) -> None:

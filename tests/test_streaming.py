@@ -34,7 +34,6 @@ from roseinfer.executor.streaming import (  # noqa: E402
     StreamOutput,
 )
 from roseinfer.request import Request, SamplingParams  # noqa: E402
-from roseinfer.sequence import SeqStatus  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from roseinfer import workloads as w
+from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.request import Request
 
 SHARED_TRACES = Path(__file__).parents[2] / "shared" / "traces"
@@ -225,18 +226,18 @@ def test_time_scale() -> None:
 
 
 # ---------------------------------------------------------------- synthetic
-@pytest.mark.parametrize("name", list(w.SEED_EXPERIMENTS))
+@pytest.mark.parametrize("name", list(w.SEED_WORKLOADS))
 def test_seed_workloads_reproduce_printed_totals(name: str) -> None:
-    exp = w.SEED_EXPERIMENTS[name]
+    exp = w.SEED_WORKLOADS[name]
     reqs = w.seed_workload(name)
-    assert len(reqs) == exp.workload.num_requests
+    assert len(reqs) == exp.spec.num_requests
     assert sum(r.num_prompt_tokens for r in reqs) == exp.num_prompt_tokens_total
     assert sum(r.max_output_tokens for r in reqs) == exp.num_output_tokens_total
     assert all(len(r.prompt_token_ids or ()) == r.num_prompt_tokens for r in reqs)
 
 
 def test_seed_totals_match_the_posts() -> None:
-    totals = {n: e.num_prompt_tokens_total for n, e in w.SEED_EXPERIMENTS.items()}
+    totals = {n: e.num_prompt_tokens_total for n, e in w.SEED_WORKLOADS.items()}
     assert totals["027"] == 128 and totals["004-prefix"] == 128
     assert (totals["031"], totals["032"], totals["033"]) == (632, 2528, 16864)
 
@@ -271,23 +272,23 @@ def test_with_token_ids_keeps_shared_hash_prefixes_equal() -> None:
     a = req(0, 1200, 1, prefix_hash_ids=(7, 8, 9))
     b = req(1, 1100, 1, prefix_hash_ids=(7, 8, 10))
     c = req(2, 300, 1)
-    out = w.with_token_ids([a, b, c], vocab_size=100, seed=1)
+    out = with_token_ids([a, b, c], vocab_size=100, seed=1)
     ta, tb, tc = (r.prompt_token_ids for r in out)
     assert (len(ta), len(tb), len(tc)) == (1200, 1100, 300)
     assert ta[:1024] == tb[:1024]
     assert ta[1024:1100] != tb[1024:1100]
     assert max(ta + tb + tc) < 100
-    assert out == w.with_token_ids([a, b, c], vocab_size=100, seed=1)
+    assert out == with_token_ids([a, b, c], vocab_size=100, seed=1)
 
 
 def test_with_token_ids_keeps_given_ids() -> None:
     r = req(0, 3, 1, prompt_token_ids=(1, 2, 3))
-    assert w.with_token_ids([r])[0] is r
+    assert with_token_ids([r])[0] is r
 
 
 def test_fit_lengths_clip() -> None:
     reqs = [req(0, 100, 10), req(1, 5000, 50), req(2, 10, 4000), req(3, 64, 64)]
-    out, desc = w.fit_lengths(reqs, 128)
+    out, desc = fit_lengths(reqs, 128)
     assert [(r.num_prompt_tokens, r.max_output_tokens) for r in out] == [
         (100, 10),
         (78, 50),
@@ -300,7 +301,7 @@ def test_fit_lengths_clip() -> None:
 
 def test_fit_lengths_scale_keeps_hash_prefixes() -> None:
     reqs = [req(0, 1024, 976, prefix_hash_ids=(1, 2)), req(1, 100, 20)]
-    out, desc = w.fit_lengths(reqs, 500, mode="scale")
+    out, desc = fit_lengths(reqs, 500, mode="scale")
     assert [(r.num_prompt_tokens, r.max_output_tokens) for r in out] == [(256, 244), (25, 5)]
     assert out[0].prefix_hash_block_tokens == 128
     assert out[0].prefix_hash_ids == (1, 2)
@@ -310,9 +311,9 @@ def test_fit_lengths_scale_keeps_hash_prefixes() -> None:
 
 def test_fit_lengths_noop_and_errors() -> None:
     reqs = [req(0, 10, 10)]
-    assert w.fit_lengths(reqs, 100)[0] == reqs
+    assert fit_lengths(reqs, 100)[0] == reqs
     with pytest.raises(w.WorkloadError, match="known: clip, scale"):
-        w.fit_lengths(reqs, 100, mode="squash")
+        fit_lengths(reqs, 100, mode="squash")
 
 
 # ------------------------------------------------------------ shared traces

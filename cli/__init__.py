@@ -9,28 +9,46 @@ command name. Bad input ends with one ``error:`` line, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 
 from roseinfer import workloads
-from roseinfer.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, SchedulerConfig
+from roseinfer.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_SEQS,
+    SCHEDULER_PRESETS,
+    SchedulerConfig,
+)
 from roseinfer.interface import PolicyError, PolicyOptions
-from roseinfer.metrics import format_summary, parse_goodput, summarize
+from roseinfer.metrics import (
+    format_summary,
+    parse_goodput,
+    summarize,
+    write_records,
+    write_result,
+)
 from roseinfer.registry import Registry, UnknownPolicyError, load_registry
 from roseinfer.request import Request
 
-WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_EXPERIMENTS))
+WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_WORKLOADS))
 
 
 class CliError(ValueError):
     """A bad flag or flag combination (message names it and the fix)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error contract: one ``prog: error: ...`` line on
+    stderr and exit code 2 (no usage block; ``--help`` shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` as one line and exit with status 2."""
+        _die(self.prog, f"{message} (see {self.prog} --help)")
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -99,9 +117,16 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--policy", default="fifo", help="admission policy (default fifo; see --list-policies)"
     )
     g.add_argument(
-        "--loop-order", default="prefill-first", help="loop ordering (default prefill-first)"
+        "--loop-order",
+        help="loop ordering: prefill-first (default), decode-first, mixed, prefill-priority",
     )
     g.add_argument("--lookahead", type=int, help="pack: waiting requests looked at (default 64)")
+    g.add_argument(
+        "--chunk-head",
+        action="store_true",
+        help="budget/pack: admit a head that does not fit the token budget with a chunk "
+        "that fills it, instead of alone with its whole prompt (needs chunked prefill)",
+    )
     g.add_argument(
         "--force-fifo-every",
         type=int,
@@ -122,20 +147,48 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
 
 def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
+        "--scheduler-preset",
+        choices=sorted(SCHEDULER_PRESETS),
+        help="an engine's scheduler defaults (loop order, chunked prefill, token and seat "
+        "limits): vllm-v1, sglang or seeds (default); explicit flags win",
+    )
+    g.add_argument(
         "--prefill-max-tokens",
         type=int,
-        help="prompt tokens admitted per iteration (the seeds' token budget; budget/pack)",
+        help="prompt tokens prefilled per step, running chunks first (the seeds' token "
+        "budget; admission honours it with budget/pack)",
     )
     g.add_argument(
         "--prefill-max-seqs",
         type=int,
-        help="requests admitted per iteration (default: --max-num-seqs)",
+        help="requests admitted per step (default: --max-num-seqs)",
     )
     g.add_argument(
         "--max-num-seqs",
         type=int,
-        default=DEFAULT_MAX_NUM_SEQS,
         help=f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens computed per step, decodes included, as vLLM (default: no limit)",
+    )
+    g.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="cut a prefill that does not fit a step into chunks (default off; on in the "
+        "vllm-v1 and sglang presets)",
+    )
+    g.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        help="cap on one request's prefill chunk per step (chunked prefill; default none)",
+    )
+    g.add_argument(
+        "--max-num-partial-prefills",
+        type=int,
+        help="most requests with an unfinished prefill at once (chunked prefill; default none)",
     )
     g.add_argument(
         "--block-size",
@@ -253,6 +306,31 @@ def _check_workload_flags(args: argparse.Namespace) -> None:
 
 
 # -------------------------------------------------------------- scheduler
+SCHEDULER_KNOBS = (
+    "loop_order",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "long_prefill_token_threshold",
+    "max_num_partial_prefills",
+)
+
+
+def scheduler_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """Loop order, chunking and limits: ``--scheduler-preset`` (default ``seeds``)
+    overridden by every flag given explicitly."""
+    knobs: dict[str, Any] = {
+        "loop_order": "prefill-first",
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
+        **SCHEDULER_PRESETS[args.scheduler_preset or "seeds"],
+    }
+    for name in SCHEDULER_KNOBS:
+        value = getattr(args, name)
+        if value is not None:
+            knobs[name] = value
+    return knobs
+
+
 def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOptions:
     """Policy knobs from the flags, rejecting knobs the chosen policy ignores.
 
@@ -261,12 +339,16 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
         UnknownPolicyError: listing the known policies.
     """
     policy_cls = registry.policy(args.policy)
-    registry.loop_order(args.loop_order)
-    if args.lookahead is not None and not policy_cls.uses_lookahead:
-        users = [n for n, e in sorted(registry.policies.items()) if e.cls.uses_lookahead]
-        raise CliError(
-            f"--lookahead is read only by: {', '.join(users)}; policy {args.policy!r} ignores it"
-        )
+    registry.loop_order(scheduler_knobs(args)["loop_order"])
+    for flag, given, attr in (
+        ("--lookahead", args.lookahead is not None, "uses_lookahead"),
+        ("--chunk-head", args.chunk_head, "uses_chunk_head"),
+    ):
+        if given and not getattr(policy_cls, attr):
+            users = [n for n, e in sorted(registry.policies.items()) if getattr(e.cls, attr)]
+            raise CliError(
+                f"{flag} is read only by: {', '.join(users)}; policy {args.policy!r} ignores it"
+            )
     if args.prefill_max_tokens is not None and not policy_cls.uses_token_budget:
         users = [n for n, e in sorted(registry.policies.items()) if e.cls.uses_token_budget]
         raise CliError(
@@ -282,6 +364,7 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
     return PolicyOptions(
         lookahead=args.lookahead if args.lookahead is not None else 64,
         force_fifo_every=args.force_fifo_every,
+        chunk_head=args.chunk_head,
         extra=extra,
     )
 
@@ -308,17 +391,33 @@ def scheduler_config(
         return SchedulerConfig(
             num_kv_blocks=args.num_kv_blocks or num_kv_blocks,
             block_size=args.block_size,
-            max_num_seqs=args.max_num_seqs,
             prefill_max_seqs=args.prefill_max_seqs,
             prefill_max_tokens=args.prefill_max_tokens,
             max_model_len=args.max_model_len or max_model_len,
             enable_prefix_caching=args.enable_prefix_caching,
             policy=args.policy,
-            loop_order=args.loop_order,
             options=options,
+            **scheduler_knobs(args),
         )
     except ValueError as err:
         raise CliError(str(err)) from None
+
+
+def config_facts(config: SchedulerConfig) -> dict[str, Any]:
+    """The scheduler settings a result file records (flat, JSON-ready)."""
+    return {
+        "num_kv_blocks": config.num_kv_blocks,
+        "block_size": config.block_size,
+        "max_num_seqs": config.max_num_seqs,
+        "prefill_max_tokens": config.prefill_max_tokens,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
+        "long_prefill_token_threshold": config.long_prefill_token_threshold,
+        "max_num_partial_prefills": config.max_num_partial_prefills,
+        "loop_order": config.loop_order,
+        "max_model_len": config.max_model_len,
+        "enable_prefix_caching": config.enable_prefix_caching,
+    }
 
 
 def kv_blocks_from_bytes(num_bytes: float, kv_bytes_per_token: int, block_size: int) -> int:
@@ -346,36 +445,10 @@ def report(
     if not args.quiet:
         print(format_summary(summary, title))
     if args.save_result is not None:
-        _write_json(args.save_result, result)
+        write_result(result, args.save_result)
     if args.save_records is not None:
-        save_records(records, args.save_records)
+        write_records(records, args.save_records)
     return result
-
-
-def _write_json(path: Path, result: dict[str, Any]) -> None:
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(clean, indent=2, default=str) + "\n")
-
-
-def save_records(records: pd.DataFrame, path: Path) -> None:
-    """Write records as CSV (token times space-separated) or Parquet by extension.
-
-    Raises:
-        CliError: on another extension.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        frame = records.copy()
-        frame["token_times_s"] = [list(map(float, t)) for t in frame["token_times_s"]]
-        frame.to_parquet(path, index=False)
-    elif suffix == ".csv":
-        frame = records.copy()
-        frame["token_times_s"] = [" ".join(f"{x:.6f}" for x in t) for t in frame["token_times_s"]]
-        frame.to_csv(path, index=False)
-    else:
-        raise CliError(f"--save-records needs a .csv or .parquet file name, got {path.name!r}")
 
 
 # ----------------------------------------------------------------- errors
@@ -392,7 +465,7 @@ def friendly_errors(prog: str) -> Iterator[None]:
         _die(prog, "interrupted")
 
 
-def _die(prog: str, message: str) -> None:
+def _die(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 

@@ -1,0 +1,47 @@
+"""roseinfer.workloads: the requests a run replays (trace files and generators).
+
+- :mod:`~roseinfer.workloads.traces`: Azure 2023 CSV, Mooncake JSONL and plain
+  CSV/JSONL loaders with ``file:line`` errors, and the embedded default trace.
+- :mod:`~roseinfer.workloads.arrivals`: slicing and vLLM-bench arrival re-drawing.
+- :mod:`~roseinfer.workloads.synthetic`: the seed posts' synthetic request mixes.
+
+Every function returns ``list[Request]`` sorted by arrival, the first at 0 s.
+"""
+
+from roseinfer.workloads.arrivals import rescale_arrivals, select, time_scale
+from roseinfer.workloads.errors import WorkloadError
+from roseinfer.workloads.synthetic import (
+    GPT2_VOCAB_SIZE,
+    SEED_WORKLOADS,
+    SeedWorkload,
+    SyntheticSpec,
+    generate,
+    seed_workload,
+    synthetic,
+)
+from roseinfer.workloads.traces import (
+    DEFAULT_TRACE_NAME,
+    KNOWN_FORMATS,
+    detect_format,
+    load_default_trace,
+    load_trace,
+)
+
+__all__ = [
+    "DEFAULT_TRACE_NAME",
+    "GPT2_VOCAB_SIZE",
+    "KNOWN_FORMATS",
+    "SEED_WORKLOADS",
+    "SeedWorkload",
+    "SyntheticSpec",
+    "WorkloadError",
+    "detect_format",
+    "generate",
+    "load_default_trace",
+    "load_trace",
+    "rescale_arrivals",
+    "seed_workload",
+    "select",
+    "synthetic",
+    "time_scale",
+]
