@@ -16,11 +16,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import resource
 import sys
+import time
 
-import torch
-from tqdm import tqdm
+# NOTE: before torch loads libgomp, which reads it once. With the default (active)
+# policy an idle OpenMP worker keeps spinning after every parallel region; on a CPU
+# shared with other busy processes it then steals the main thread's core: a GPT-2
+# decode step of one sequence with 2 threads took 1.6 s instead of 0.09 s (passive)
+# on this 2-core machine while other jobs ran. Passive workers sleep instead (the
+# benchmarks do the same). An explicit OMP_WAIT_POLICY in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
 
 from roseinfer.cli import (
     ArgumentParser,
@@ -38,6 +48,7 @@ from roseinfer.cli import (
 from roseinfer.executor.engine import Engine, RunResult
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
 from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
+from roseinfer.executor.warmup import warm_up
 from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.registry import Registry
 from roseinfer.request import Request
@@ -90,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add prompt and output token ids to --save-records",
     )
+    g.add_argument(
+        "--num-threads",
+        type=int,
+        help="CPU threads for torch (torch.set_num_threads; default: torch's, one per "
+        "core). On a CPU shared with other jobs 1 keeps step times steady",
+    )
+    g.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the warm-up with the largest step shapes before the clock starts",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -109,6 +131,19 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but torch sees no CUDA device; use --device cpu")
     return device
+
+
+def set_num_threads(num_threads: int | None) -> None:
+    """Apply ``--num-threads`` (None keeps torch's default).
+
+    Raises:
+        CliError: if it is < 1.
+    """
+    if num_threads is None:
+        return
+    if num_threads < 1:
+        raise CliError(f"--num-threads must be >= 1, got {num_threads}")
+    torch.set_num_threads(num_threads)
 
 
 def default_num_kv_blocks(
@@ -194,6 +229,7 @@ def _fit_requests(
 
 def _run(args: argparse.Namespace, registry: Registry) -> None:
     device = resolve_device(args.device)
+    set_num_threads(args.num_threads)
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     policy_options(args, registry)  # a bad policy flag fails before the model loads
     requests, workload_name = build_workload(args)
@@ -216,6 +252,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         dtype=dtype,
         attention_backend=args.attention_backend,
     )
+    warmup_s = 0.0 if args.no_warmup else _warm_up(runner, sched_config)
     engine = Engine(runner, sched_config, registry, seed=args.seed)
     result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
     records = result.records
@@ -236,11 +273,21 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "kv_pool_peak_utilization": result.scheduler.max_used_blocks / sched_config.num_kv_blocks,
         "peak_memory_gb": _peak_memory_gb(device),
         "num_steps": result.scheduler.step_log.num_steps,
+        "num_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "warmup_s": warmup_s,
     }
     title = (
         f"rose-run: {result.policy} | {workload_name} | {args.model} on {device} ({extra['dtype']})"
     )
     report(args, records, duration_s=result.duration_s, title=title, extra=extra)
+
+
+def _warm_up(runner: ModelRunner, config) -> float:
+    """Run the largest step shapes before the clock starts; returns the seconds spent."""
+    start = time.perf_counter()
+    warm_up(runner, config)
+    return time.perf_counter() - start
 
 
 def _vocab(config) -> int:
@@ -261,7 +308,11 @@ def _peak_memory_gb(device: torch.device) -> float:
 
 
 def main() -> int:
-    """Entry point of ``rose-run``."""
+    """Entry point of ``rose-run`` (``rose-run profile ...`` profiles step times)."""
+    if sys.argv[1:2] == ["profile"]:
+        from roseinfer.executor.profiler import profile_main
+
+        return profile_main(sys.argv[2:])
     return run_main("rose-run", build_parser(), _run)
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from roseinfer.cli import (
     ArgumentParser,
@@ -23,10 +25,13 @@ from roseinfer.cli import (
     report,
     run_main,
     scheduler_config,
+    scheduler_knobs,
 )
+from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
+from roseinfer.simulator.profiled import ProfileError, load_profile
 from roseinfer.simulator.specs import (
     DEVICES,
     MODELS,
@@ -53,14 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("cost model")
     g.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
-        help=f"model shape (default {DEFAULT_MODEL}): a built-in name "
-        f"({', '.join(sorted(MODELS))}) or a transformers config.json",
+        help=f"model shape (default {DEFAULT_MODEL}, or the profiled model with "
+        f"--cost-model): a built-in name ({', '.join(sorted(MODELS))}) or a transformers "
+        "config.json",
     )
     g.add_argument(
         "--device",
-        default=DEFAULT_DEVICE,
         help=f"device (default {DEFAULT_DEVICE}): {', '.join(sorted(DEVICES))}",
+    )
+    g.add_argument(
+        "--cost-model",
+        type=Path,
+        metavar="PROFILE.json",
+        help="price steps with a profile from `rose-run profile`: its fitted step times for "
+        "the profiled model, its calibrated roofline for another --model; the profiled KV "
+        "pool, block size and max model length become the defaults",
     )
     g.add_argument(
         "--gpu-memory-utilization",
@@ -74,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plan every decode step alone (slower; same result, for checking)",
     )
+    parser.set_defaults(block_size=None)  # None: the profile's, else DEFAULT_BLOCK_SIZE
     return parser
 
 
@@ -111,16 +124,83 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
     return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What prices the run and the scheduler defaults that come with it."""
+
+    cost_model: CostModel
+    model: ModelSpec
+    device_name: str
+    num_kv_blocks: int
+    max_model_len: int
+    extra: dict[str, Any]
+
+
+def _roofline_setup(args: argparse.Namespace) -> _Setup:
+    model = load_model_spec(args.model or DEFAULT_MODEL)
+    device = get_device_spec(args.device or DEFAULT_DEVICE)
+    args.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    num_blocks = default_num_kv_blocks(args, model, device)
+    cost_model = make_cost_model(model, device)
+    return _Setup(cost_model, model, device.name, num_blocks, model.max_model_len, {})
+
+
+def _profile_setup(args: argparse.Namespace) -> _Setup:
+    """The profile's cost model and scheduler defaults; explicit flags that differ
+    from the profiled executor are recorded as ``profile_overrides``.
+
+    Raises:
+        CliError: with --device (the profile is the device), or a bad profile file.
+    """
+    if args.device is not None:
+        raise CliError("--cost-model prices the profiled device; drop --device")
+    try:
+        profile = load_profile(args.cost_model)
+    except ProfileError as err:
+        raise CliError(str(err)) from None
+    model = profile.model_spec
+    if args.model is not None:
+        model = replace(load_model_spec(args.model), dtype_bytes=profile.model_spec.dtype_bytes)
+    max_num_seqs = scheduler_knobs(args)["max_num_seqs"]
+    defaults = profile.scheduler_defaults(model, args.block_size, max_num_seqs)
+    args.block_size = defaults["block_size"]
+    num_blocks = defaults["num_kv_blocks"]
+    if args.kv_cache_memory_gb is not None:
+        num_blocks = kv_blocks_from_bytes(
+            args.kv_cache_memory_gb * 2**30, model.kv_bytes_per_token, args.block_size
+        )
+    wanted = {
+        "model": None if profile.same_shape(model) else model.name,
+        "block_size": args.block_size,
+        "num_kv_blocks": args.num_kv_blocks or num_blocks,
+        "max_model_len": args.max_model_len,
+    }
+    profiled = {"model": None, **profile.scheduler_defaults()}
+    overrides = {
+        k: {"profile": profile.model_name if k == "model" else profiled[k], "used": v}
+        for k, v in wanted.items()
+        if v is not None and v != profiled[k]
+    }
+    extra = {"cost_model_file": str(args.cost_model), "profile_overrides": overrides}
+    return _Setup(
+        profile.cost_model(model),
+        model,
+        f"{profile.executor['device']} (profiled)",
+        num_blocks,
+        defaults["max_model_len"],
+        extra,
+    )
+
+
 def _run(args: argparse.Namespace, registry: Registry) -> None:
     requests, workload_name = build_workload(args)
-    model = load_model_spec(args.model)
-    device = get_device_spec(args.device)
-    cost_model: CostModel = make_cost_model(model, device)
+    setup = _profile_setup(args) if args.cost_model is not None else _roofline_setup(args)
+    model, cost_model = setup.model, setup.cost_model
     config = scheduler_config(
         args,
         registry,
-        num_kv_blocks=default_num_kv_blocks(args, model, device),
-        max_model_len=model.max_model_len,
+        num_kv_blocks=setup.num_kv_blocks,
+        max_model_len=setup.max_model_len,
     )
     result = simulate(requests, config, cost_model, registry=registry, jump=not args.no_jump)
     extra = {
@@ -128,14 +208,16 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "policy": result.policy,
         "workload": workload_name,
         "model": model.name,
-        "device": device.name,
+        "device": setup.device_name,
         "cost_model": cost_model.describe(),
+        "cost_model_kind": cost_model.name,
+        **setup.extra,
         "scheduler_preset": args.scheduler_preset or "seeds",
         **config_facts(config),
         "sim_wall_s": result.wall_s,
         "num_steps": result.num_steps,
     }
-    title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {device.name}"
+    title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
     report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
     if not args.quiet:
         print(

@@ -1,0 +1,137 @@
+"""Warm-up: run the largest step shapes once before a run's clock starts.
+
+The first forward of a shape pays one-time costs that later ones do not:
+oneDNN/cuBLAS picking and building kernels for new GEMM shapes, the allocator
+growing its pools (glibc raises its mmap threshold only after large blocks
+were freed once; the CUDA caching allocator reserves segments), lazy imports
+and first-call dispatch in torch and the sampler. Serving engines do this
+before they accept requests: vLLM's ``profile_run`` runs a dummy batch of
+``max_num_batched_tokens`` and its ``capture_model`` runs every decode batch
+size it will use (vllm/v1/worker/gpu_model_runner.py). Without it the first
+requests of a replay pay these costs and a run's p50 TTFT depends on what
+happened to arrive first.
+
+The warm-up writes K/V into pool blocks the scheduler has not handed out yet:
+a block is always written before it is read, and padded context slots are
+masked, so outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from roseinfer.config import SchedulerConfig
+from roseinfer.executor.engine import synchronize
+from roseinfer.executor.model_runner import ModelRunner, SeqInput
+
+NUM_ROUNDS = 1  # a second round measured no further gain (GPT-2, CPU)
+MIXED_CHUNK_TOKENS = 256  # the mixed step warms its code path; size is the prefills' job
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupStep:
+    """One warm-up step: what it ran and how long each round took.
+
+    Attributes:
+        name: ``prefill``, ``prefill-batch``, ``decode``, ``decode-1`` or ``mixed``.
+        num_seqs: sequences in the step; num_tokens: tokens it computed.
+        times_s: seconds of each round (the first pays the one-time costs).
+    """
+
+    name: str
+    num_seqs: int
+    num_tokens: int
+    times_s: tuple[float, ...]
+
+
+def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, list[tuple[int, int]]]]:
+    """The warm-up steps for these limits, largest first.
+
+    Each step is a name and a list of ``(num_new_tokens, context_tokens)`` per
+    sequence (a decode is ``(1, context)``), all fitting the KV pool:
+
+    * ``prefill``: one prompt of ``max_model_len`` tokens (the longest attention);
+    * ``prefill-batch``: when ``max_num_batched_tokens`` exceeds one prompt, that
+      many tokens as prompts of at most ``max_model_len`` (the largest linear
+      layers; with no limit the largest step is unbounded, so it is skipped);
+    * ``decode``: ``max_num_seqs`` decodes at the longest context that fits
+      (the largest decode batch and its context gather);
+    * ``decode-1``: one decode; ``mixed``: a prompt chunk of at most 256 tokens
+      beside a few decodes.
+    """
+    capacity = config.num_kv_blocks * config.block_size
+    max_len = min(config.max_model_len, capacity)
+    budget = min(config.max_num_batched_tokens or max_len, capacity)
+    prompt = min(max_len, budget)
+    num_decodes = min(config.max_num_seqs, capacity)
+    decode_ctx = max(1, min(max_len, capacity // num_decodes))
+    few = min(4, num_decodes)
+    chunk = max(1, min(prompt, MIXED_CHUNK_TOKENS, budget - few, capacity - few * decode_ctx))
+    shapes = [("prefill", [(prompt, prompt)])]
+    if budget // prompt > 1:
+        shapes.append(("prefill-batch", [(prompt, prompt)] * (budget // prompt)))
+    return [
+        *shapes,
+        ("decode", [(1, decode_ctx)] * num_decodes),
+        ("decode-1", [(1, decode_ctx)]),
+        ("mixed", [(chunk, chunk), *[(1, decode_ctx)] * few]),
+    ]
+
+
+def warm_up(
+    runner: ModelRunner, config: SchedulerConfig, rounds: int = NUM_ROUNDS
+) -> list[WarmupStep]:
+    """Run :func:`warmup_shapes` ``rounds`` times each (forward, greedy sampling,
+    synchronize) on scratch blocks of the pool. Call before the clock starts.
+
+    Args:
+        runner: the run's model runner (its pool must match ``config``).
+        config: the run's scheduler limits.
+        rounds: runs per shape (>= 1).
+
+    Returns:
+        One :class:`WarmupStep` per shape, with the seconds of each round.
+    """
+    steps = []
+    for name, seqs in warmup_shapes(config):
+        inputs = scratch_inputs(seqs, runner.block_size, runner.num_kv_blocks, runner.vocab_size)
+        times = tuple(_timed_step(runner, inputs) for _ in range(rounds))
+        steps.append(WarmupStep(name, len(seqs), sum(n for n, _ in seqs), times))
+    return steps
+
+
+def scratch_inputs(
+    seqs: Sequence[tuple[int, int]],
+    block_size: int,
+    num_kv_blocks: int,
+    vocab_size: int,
+    first_block: int = 0,
+    seed: int = 0,
+) -> list[SeqInput]:
+    """Runner inputs for ``(num_new_tokens, context_tokens)`` per sequence on
+    consecutive pool blocks from ``first_block`` (wrapping around the pool;
+    sequences share blocks only when the pool is too small to hold them all).
+
+    Token ids are drawn uniformly from the vocabulary (seeded).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    inputs, block = [], first_block
+    for num_new, context in seqs:
+        num_blocks = -(-context // block_size)
+        table = [(block + i) % num_kv_blocks for i in range(num_blocks)]
+        block = (block + num_blocks) % num_kv_blocks
+        tokens = torch.randint(0, vocab_size, (num_new,), generator=gen).tolist()
+        inputs.append(SeqInput(tokens, context - num_new, table))
+    return inputs
+
+
+def _timed_step(runner: ModelRunner, inputs: Sequence[SeqInput]) -> float:
+    start = time.perf_counter()
+    logits = runner.forward(inputs)
+    logits.argmax(dim=-1).tolist()
+    synchronize(runner.device)
+    return time.perf_counter() - start

@@ -1,0 +1,341 @@
+"""Profiled cost models (no torch): fits recover known step costs, the vectorized
+decode runs equal stepping, profiles round-trip through JSON, and ``rose-sim
+--cost-model`` takes the profiled scheduler setup as its defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from roseinfer.config import SchedulerConfig
+from roseinfer.simulator import BatchShape, simulate
+from roseinfer.simulator.cost_model import CostModel, RooflineCostModel, loop_decode_run_times_s
+from roseinfer.simulator.profiled import (
+    PROFILE_SCHEMA,
+    OverheadModel,
+    OverheadSample,
+    Profile,
+    ProfiledCostModel,
+    ProfileError,
+    ProfileSample,
+    calibrate_roofline,
+    fit_step_model,
+    load_profile,
+    shape_aggregates,
+)
+from roseinfer.simulator.specs import DeviceSpec, get_device_spec, get_model_spec
+from roseinfer.workloads import synthetic
+
+GPT2 = dataclasses.replace(get_model_spec("gpt2"), dtype_bytes=4)
+# A made-up device: 50 GFLOP/s, 10 GB/s achievable, 3 ms per step.
+DEVICE = DeviceSpec(
+    name="test-cpu", peak_flops=100e9, mem_bandwidth=20e9, mem_bytes=16 << 30, mfu=0.5,
+    bandwidth_efficiency=0.5, overhead_s=3e-3, dtype_bytes=4,
+)  # fmt: skip
+# Seconds per unit of each basis term (step, seqs, tokens, prefill pairs,
+# prefill context, prefills, decode context).
+TRUE_COEF = np.array([4e-3, 2e-4, 3e-4, 2e-8, 1e-6, 5e-4, 4e-6])
+
+
+def grid_shapes(seed: int = 0) -> list[tuple[str, BatchShape]]:
+    """Prefills, decodes (equal and spread contexts) and mixed steps, as a profile has."""
+    rng = np.random.default_rng(seed)
+    shapes = []
+    for new in (2, 8, 32, 128, 512, 1024):
+        for cached in (0, (1024 - new) // 2):
+            shapes.append(("prefill", BatchShape([new], [new + cached], [])))
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        for ctx in (16, 128, 512):
+            shapes.append(("decode", BatchShape.decode([ctx] * batch)))
+            shapes.append(("decode", BatchShape.decode(rng.integers(1, 2 * ctx, batch))))
+    for num in (4, 16):
+        for chunk in (64, 256):
+            shapes.append(("mixed", BatchShape([chunk], [chunk], [200] * num)))
+    return shapes
+
+
+def samples_from(price, seed: int = 0, noise: float = 0.0) -> list[ProfileSample]:
+    """Samples whose times come from ``price(shape)`` (with relative noise)."""
+    rng = np.random.default_rng(seed)
+    return [
+        ProfileSample(kind, shape, tuple(price(shape) * (1 + noise * rng.standard_normal(3))))
+        for kind, shape in grid_shapes(seed)
+    ]
+
+
+def linear_price(shape: BatchShape) -> float:
+    return float(shape_aggregates(shape) @ TRUE_COEF)
+
+
+def make_profile(samples: list[ProfileSample]) -> Profile:
+    executor = {
+        "device": "cpu", "dtype": "float32", "attention_backend": "sdpa", "num_kv_blocks": 910,
+        "block_size": 16, "kv_cache_bytes": 910 * 16 * GPT2.kv_bytes_per_token,
+        "kv_cache_budget_bytes": 1 << 30, "max_model_len": 1024, "max_num_seqs": 256,
+        "max_num_batched_tokens": 2048,
+    }  # fmt: skip
+    return Profile.create(
+        model_name="gpt2", model_spec=GPT2, executor=executor,
+        environment={"num_threads": 2}, samples=samples,
+        base_device=get_device_spec("cpu"), extra={"grid": {"repetitions": 3}},
+    )  # fmt: skip
+
+
+def test_fit_recovers_a_linear_step_cost_and_reports_held_out_error():
+    fit = fit_step_model(samples_from(linear_price))
+    assert fit.model.name in ("linear", "hinge")
+    assert fit.held_out[fit.model.name].median < 1e-6
+    assert fit.held_out[fit.model.name].num_samples == round(0.2 * len(grid_shapes()))
+    for _, shape in grid_shapes(seed=1):  # shapes it never saw
+        assert ProfiledCostModel(fit.model, "t").step_time_s(shape) == pytest.approx(
+            linear_price(shape), rel=1e-6
+        )
+
+
+def test_hinge_fit_follows_a_roofline_bend():
+    """A roofline (flat while weight-bound, then linear in tokens) has a knee the
+    plain linear basis cannot follow; the hinge terms can."""
+    roofline = RooflineCostModel(GPT2, DEVICE)
+    fit = fit_step_model(samples_from(roofline.step_time_s))
+    assert fit.held_out["hinge"].p90 < fit.held_out["linear"].p90
+    assert fit.held_out[fit.model.name].median < 0.05
+
+
+@pytest.mark.parametrize("candidate", ["linear", "hinge", "interp"])
+def test_decode_runs_equal_stepping_bit_for_bit(candidate, monkeypatch):
+    import roseinfer.simulator.profiled as profiled
+
+    samples = samples_from(RooflineCostModel(GPT2, DEVICE).step_time_s, noise=0.02)
+    agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+    targets = np.array([s.target_s for s in samples])
+    model = profiled._candidates(float(agg[:, 2].max()))[candidate](agg, targets)
+    cost = ProfiledCostModel(model, "t")
+    assert isinstance(cost, CostModel)
+    context = np.array([3, 17, 400, 90, 1])
+    fast = cost.decode_run_times_s(context, 300)
+    assert np.array_equal(fast, loop_decode_run_times_s(cost, context, 300))
+    assert np.all(fast > 0)
+    assert cost.step_time_s(BatchShape()) == 0.0
+    assert cost.decode_run_times_s(np.zeros(0, dtype=np.int64), 4).tolist() == [0.0] * 4
+
+
+def test_simulation_with_a_profiled_model_jumps_to_the_same_records():
+    profile = make_profile(samples_from(linear_price, noise=0.01))
+    cost = profile.cost_model()
+    config = SchedulerConfig(num_kv_blocks=910, max_model_len=1024, max_num_seqs=8)
+    reqs = synthetic(num_requests=24, prompt_tokens=64, output_tokens=40, submit_interval_s=0.05)
+    fast = simulate(reqs, config, cost)
+    slow = simulate(reqs, config, cost, jump=False)
+    assert fast.num_steps == slow.num_steps
+    for col in ("admitted_s", "first_token_s", "finish_s"):
+        np.testing.assert_allclose(fast.records[col], slow.records[col], rtol=1e-9)
+
+
+def test_calibrated_roofline_recovers_device_constants_and_prices_other_shapes():
+    truth = RooflineCostModel(GPT2, DEVICE)
+    samples = samples_from(truth.step_time_s)
+    calibrated = calibrate_roofline(GPT2, samples, get_device_spec("cpu"))
+    dev = calibrated.device
+    assert dev.achievable_flops == pytest.approx(DEVICE.achievable_flops, rel=0.05)
+    assert dev.achievable_bandwidth == pytest.approx(DEVICE.achievable_bandwidth, rel=0.05)
+    assert dev.overhead_s == pytest.approx(DEVICE.overhead_s, rel=0.05)
+    assert calibrated.held_out.p90 < 0.05
+    other = get_model_spec("llama-3.1-8b")
+    shape = BatchShape([300], [300], [500] * 8)
+    assert calibrated.cost_model(other).step_time_s(shape) == pytest.approx(
+        RooflineCostModel(other, DEVICE).step_time_s(shape), rel=0.05
+    )
+
+
+TRUE_OVERHEAD = OverheadModel(
+    per_step_s=1e-3,
+    per_layer_s=1.5e-3,
+    per_seq_s=1e-4,
+    per_seq_layer_s=2e-5,
+    per_prefill_layer_s=5e-5,
+)
+GPT2_MEDIUM = dataclasses.replace(
+    GPT2, name="gpt2-medium", num_layers=24, hidden_size=1024, num_attention_heads=16,
+    num_kv_heads=16, intermediate_size=4096,
+)  # fmt: skip
+
+
+def overhead_price(model, shape: BatchShape) -> float:
+    """A device whose steps cost the roofline plus a per-layer dispatch overhead."""
+    roofline = RooflineCostModel(model, dataclasses.replace(DEVICE, overhead_s=0.0))
+    extra = TRUE_OVERHEAD.seconds(model.num_layers, shape_aggregates(shape)[None])[0]
+    return roofline.step_time_s(shape) + extra
+
+
+def skeleton_samples() -> list[OverheadSample]:
+    shapes = [BatchShape.decode([32] * b) for b in (1, 8, 64)] + [
+        BatchShape([32] * n, [32] * n, []) for n in (1, 4)
+    ]
+    return [
+        OverheadSample("gpt2", layers, ProfileSample("s", shape, (float(
+            TRUE_OVERHEAD.seconds(layers, shape_aggregates(shape)[None])[0]),)))
+        for layers in (1, 12) for shape in shapes
+    ]  # fmt: skip
+
+
+def test_skeleton_overhead_lets_the_roofline_transfer_to_a_deeper_model():
+    """One model's steps cannot tell a constant overhead from streaming its weights;
+    skeleton steps at two depths can, and then a 24-layer model is priced right."""
+    samples = samples_from(lambda shape: overhead_price(GPT2, shape))
+    with_skeleton = calibrate_roofline(GPT2, samples, overhead_samples=skeleton_samples())
+    without = calibrate_roofline(GPT2, samples)
+    assert with_skeleton.overheads["gpt2"].per_layer_s == pytest.approx(1.5e-3, rel=1e-3)
+    assert with_skeleton.combine == "max"
+    assert with_skeleton.device.achievable_bandwidth == pytest.approx(
+        DEVICE.achievable_bandwidth, rel=0.02
+    )
+    errors = {}
+    for name, calibrated in (("with", with_skeleton), ("without", without)):
+        cost = calibrated.cost_model(GPT2_MEDIUM)
+        errs = [
+            abs(cost.step_time_s(shape) / overhead_price(GPT2_MEDIUM, shape) - 1)
+            for _, shape in grid_shapes(seed=2)
+        ]
+        errors[name] = max(errs)
+    assert errors["with"] < 0.02 < errors["without"]
+    cost = with_skeleton.cost_model(GPT2_MEDIUM)
+    context = np.array([5, 300, 77])
+    assert np.array_equal(
+        cost.decode_run_times_s(context, 50), loop_decode_run_times_s(cost, context, 50)
+    )
+
+
+def test_calibration_picks_sum_when_compute_and_memory_do_not_overlap():
+    """On a CPU, eager ops run one after another: step time = compute + memory."""
+    compute = RooflineCostModel(GPT2, dataclasses.replace(DEVICE, mem_bandwidth=1e30))
+    memory = RooflineCostModel(GPT2, dataclasses.replace(DEVICE, peak_flops=1e30))
+    samples = samples_from(lambda sh: compute.step_time_s(sh) + memory.step_time_s(sh) - 3e-3)
+    calibrated = calibrate_roofline(GPT2, samples)
+    assert calibrated.combine == "sum"
+    assert calibrated.held_out_by_combine["sum"].p90 < calibrated.held_out_by_combine["max"].p90
+    assert calibrated.device.achievable_bandwidth == pytest.approx(10e9, rel=0.05)
+    cost = calibrated.cost_model(GPT2_MEDIUM)
+    context = np.array([9, 250])
+    assert np.array_equal(
+        cost.decode_run_times_s(context, 40), loop_decode_run_times_s(cost, context, 40)
+    )
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    profile = make_profile(samples_from(linear_price, noise=0.03))
+    path = tmp_path / "p.json"
+    profile.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == PROFILE_SCHEMA
+    assert {"model", "executor", "environment", "fit", "calibrated_roofline", "samples"} <= set(doc)
+    assert set(doc["fit"]["held_out"]) == {"linear", "hinge", "interp"}
+    loaded = load_profile(path)
+    shape = BatchShape([100], [300], [50, 60, 700])
+    for model in (None, get_model_spec("llama-3.1-8b")):
+        before = profile.cost_model(model)
+        assert loaded.cost_model(model).step_time_s(shape) == before.step_time_s(shape)
+    assert loaded.cost_model().describe().startswith("profiled: gpt2 float32 on cpu (2 threads)")
+    assert loaded.step_fit.held_out == profile.step_fit.held_out
+
+
+def test_scheduler_defaults_follow_the_profiled_executor():
+    profile = make_profile(samples_from(linear_price))
+    assert profile.scheduler_defaults() == {
+        "num_kv_blocks": 910,
+        "block_size": 16,
+        "max_model_len": 1024,
+    }
+    assert profile.scheduler_defaults(dataclasses.replace(GPT2, name="other-name"))[
+        "num_kv_blocks"
+    ] == 910  # fmt: skip
+    # another model: the same 1 GiB budget over its KV bytes per block, capped like rose-run
+    llama = dataclasses.replace(get_model_spec("llama-3.1-8b"), dtype_bytes=4)
+    other = profile.scheduler_defaults(llama, max_num_seqs=256)
+    assert other["num_kv_blocks"] == (1 << 30) // (llama.kv_bytes_per_token * 16)
+    assert other["max_model_len"] == llama.max_model_len
+    assert profile.scheduler_defaults(block_size=32)["num_kv_blocks"] == (1 << 30) // (
+        GPT2.kv_bytes_per_token * 32
+    )
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"schema": "other/1"}, "not a roseinfer profile"),
+        ({"schema": PROFILE_SCHEMA, "model": {}}, "incomplete or damaged"),
+    ],
+)
+def test_bad_profiles_are_refused_with_a_reason(tmp_path, doc, message):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=message):
+        load_profile(path)
+    with pytest.raises(ProfileError, match="cannot read profile"):
+        load_profile(tmp_path / "missing.json")
+
+
+def rose_sim(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "roseinfer.simulator.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "p.json"
+    make_profile(samples_from(linear_price, noise=0.02)).save(path)
+    return path
+
+
+def test_rose_sim_cost_model_takes_the_profiled_setup(profile_file, tmp_path):
+    out = tmp_path / "r.json"
+    flags = ["--workload", "synthetic", "--num-requests", "8", "--quiet", "--save-result", str(out)]
+    proc = rose_sim("--cost-model", str(profile_file), *flags)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["cost_model_kind"] == "profiled"
+    assert result["cost_model"].startswith("profiled: gpt2")
+    assert result["cost_model_file"] == str(profile_file)
+    assert (result["num_kv_blocks"], result["block_size"], result["max_model_len"]) == (
+        910,
+        16,
+        1024,
+    )
+    assert result["profile_overrides"] == {}
+    assert result["model"] == "gpt2"
+
+
+def test_rose_sim_records_flags_that_override_the_profile(profile_file, tmp_path):
+    out = tmp_path / "r.json"
+    proc = rose_sim(
+        "--cost-model", str(profile_file), "--model", "llama-3.1-8b", "--num-kv-blocks", "500",
+        "--max-model-len", "2048", "--workload", "synthetic", "--num-requests", "4", "--quiet",
+        "--save-result", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["cost_model_kind"] == "calibrated-roofline"
+    assert result["cost_model"].startswith("calibrated roofline: llama-3.1-8b")
+    overrides = result["profile_overrides"]
+    assert overrides["model"] == {"profile": "gpt2", "used": "llama-3.1-8b"}
+    assert overrides["num_kv_blocks"] == {"profile": 910, "used": 500}
+    assert overrides["max_model_len"] == {"profile": 1024, "used": 2048}
+    assert result["num_kv_blocks"] == 500
+
+
+def test_rose_sim_cost_model_errors_are_one_line(profile_file, tmp_path):
+    proc = rose_sim("--cost-model", str(profile_file), "--device", "cpu")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "rose-sim: error: --cost-model prices the profiled device; drop --device"
+    )
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    proc = rose_sim("--cost-model", str(bad))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "is not JSON" in proc.stderr
