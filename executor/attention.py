@@ -196,10 +196,14 @@ def flex_available() -> bool:
     return hasattr(BlockMask, "from_kv_blocks")
 
 
+class FlexUnavailable(RuntimeError):
+    """The compiled flex-attention kernel failed to build or run here."""
+
+
 @functools.cache
 def compiled_flex(config: tuple) -> Callable:
     """A compiled flex-attention call for one ``config`` (heads, KV heads, head
-    dim, dtype, device): ``fn(q, k, v, block_mask)``.
+    dim, block size, dtype, device): ``fn(q, k, v, block_mask)``.
 
     Un-compiled, flex attention runs a reference path that materialises the
     scores against every slot of the pool; compiled (inductor's C++ template on
@@ -309,6 +313,10 @@ def flex_decode_attention(
 
     The softmax scale is applied to the queries (the kernel runs with scale 1),
     so the compiled kernel never specialises on a per-layer float.
+
+    Raises:
+        FlexUnavailable: if the kernel does not compile or run (the runner
+            then falls back to SDPA).
     """
     n = dec.token_indices.numel()
     rows = dec.block_mask.shape[-2]
@@ -320,8 +328,13 @@ def flex_decode_attention(
     # unrelated sizes (layers, K/V) dynamo would otherwise guard on.
     k = k_cache.flatten(0, 1).transpose(0, 1).unsqueeze(0).detach()
     v = v_cache.flatten(0, 1).transpose(0, 1).unsqueeze(0).detach()
-    config = (q.shape[1], k.shape[1], q.shape[2], str(q.dtype), str(q.device))
-    o = compiled_flex(config)(q_dec, k, v, dec.block_mask)
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    config = (heads, kv_heads, head_dim, k_cache.shape[1], str(q.dtype), str(q.device))
+    try:
+        o = compiled_flex(config)(q_dec, k, v, dec.block_mask)
+    except Exception as e:  # noqa: BLE001 - compiler failures come in many types
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        raise FlexUnavailable(f"{type(e).__name__}: {first_line}") from e
     out.index_copy_(0, dec.token_indices, o[0, :, :n].transpose(0, 1))
 
 

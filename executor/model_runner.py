@@ -196,7 +196,13 @@ class ModelRunner:
         """
         self._check(seqs)
         passes = split_passes(seqs, self.max_tokens_per_pass)
-        last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+        try:
+            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+        except attn.FlexUnavailable as e:
+            # Re-running is safe: the K/V already written are written again, same bits.
+            logger.warning("flex attention failed (%s); using sdpa from now on", e)
+            self.attention_backend = "sdpa"
+            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
         hidden = last[0] if len(last) == 1 else torch.cat(last)
         return self.adapter.logits(hidden).float()
 
@@ -312,8 +318,10 @@ class ModelRunner:
         return out
 
     def _check_flex(self, *, explicit: bool) -> None:
-        """Compile the flex decode kernel now on a 2-row probe (so the first step
-        does not stall); fall back to ``sdpa`` (``auto``) or raise (``flex``)."""
+        """Compile the flex decode kernel now, on a probe whose row count equals no
+        other size (see :func:`~roseinfer.executor.attention.flex_probe_rows`), so
+        the first step does not stall; fall back to ``sdpa`` (``auto``) or raise
+        (explicit ``flex``) if it does not compile here."""
         s = self.shape
         slots = self.num_kv_blocks * self.block_size
         rows = attn.flex_probe_rows(
@@ -321,18 +329,17 @@ class ModelRunner:
         )
         probe = [SeqInput([0], i % self.block_size, [0]) for i in range(rows)]
         try:
-            self.forward_probe(probe)
-        except Exception as e:  # noqa: BLE001 - any compiler failure means "not here"
+            self._flex_probe(probe)
+        except attn.FlexUnavailable as e:
             if explicit:
                 raise ValueError(
-                    f"attention_backend='flex' does not compile here ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}); use 'sdpa'"
+                    f"attention_backend='flex' does not compile here ({e}); use 'sdpa'"
                 ) from None
-            logger.warning("flex attention unavailable (%s); using sdpa", type(e).__name__)
+            logger.warning("flex attention unavailable (%s); using sdpa", e)
             self.attention_backend = "sdpa"
 
     @torch.inference_mode()
-    def forward_probe(self, seqs: Sequence[SeqInput]) -> None:
+    def _flex_probe(self, seqs: Sequence[SeqInput]) -> None:
         """Run the decode attention of layer 0 alone on ``seqs`` (single-token
         queries), touching no cache slot: compiles the kernel."""
         meta = self._prepare(seqs)

@@ -419,7 +419,10 @@ def test_flex_that_does_not_compile_falls_back_or_raises(monkeypatch):
     from roseinfer.executor import attention
 
     def broken(config):
-        raise RuntimeError("no C++ compiler")
+        def fail(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return fail
 
     monkeypatch.setattr(attention, "compiled_flex", broken)
     model = tiny("tiny-gpt2")
@@ -428,3 +431,16 @@ def test_flex_that_does_not_compile_falls_back_or_raises(monkeypatch):
         runner_for(model, attention_backend="flex")
     with pytest.raises(ValueError, match="max_tokens_per_pass"):
         runner_for(model, max_tokens_per_pass=-1)
+
+
+def test_flex_failing_mid_run_falls_back_to_sdpa_with_the_same_tokens(monkeypatch):
+    from roseinfer.executor import attention
+
+    model = tiny("tiny-llama")
+    prompts, tables = prompts_of(6, 9), tables_for(2)
+    runner = runner_for(model, attention_backend="flex")
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    monkeypatch.setattr(attention, "compiled_flex", lambda config: None)  # calling None fails
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    assert runner.attention_backend == "sdpa"
+    assert outs == [hf_greedy(model, p) for p in prompts]
