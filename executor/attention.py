@@ -262,34 +262,20 @@ def flex_decode_metadata(
     from torch.nn.attention.flex_attention import BlockMask
 
     rows = max(len(token_indices), FLEX_MIN_ROWS)
-    full_idx = torch.zeros((rows, num_kv_blocks), dtype=torch.int32)
-    part_idx = torch.zeros((rows, 1), dtype=torch.int32)
-    full_num, part_num, fill = [0] * rows, [0] * rows, [0] * rows
-    for i, (table, ctx) in enumerate(zip(block_tables, context_lens)):
-        num_full, rest = divmod(ctx, block_size)
-        full_num[i] = num_full
-        full_idx[i, :num_full] = torch.tensor(table[:num_full], dtype=torch.int32)
-        if rest:
-            part_num[i], part_idx[i, 0], fill[i] = 1, table[num_full], rest
-    part_idx = torch.nn.functional.pad(part_idx, (0, num_kv_blocks - 1))
-    # Row i's partial block holds tokens in physical slots [.., fill_end[i]). The
-    # mask reads no Python int: torch.compile(dynamic=True) would make one a
-    # symbol, and inductor's CPU flex template then emits C++ that does not
-    # compile (torch 2.13: "cur_kvSplitSize1 was not declared").
-    fill_end = torch.tensor(
-        [int(part_idx[i, 0]) * block_size + fill[i] for i in range(rows)],
-        dtype=torch.int32,
-        device=device,
-    )
+    lists = _flex_block_lists(block_tables, context_lens, rows, num_kv_blocks, block_size)
+    full_num, full_idx, part_num, part_idx, fill_end = (t.to(device) for t in lists)
 
+    # NOTE: the mask reads no Python int: torch.compile(dynamic=True) would make
+    # one a symbol, and inductor's CPU flex template then emits C++ that does
+    # not compile (torch 2.13: "cur_kvSplitSize1 was not declared").
     def in_filled_part(b, h, q_idx, kv_idx):
         return kv_idx < fill_end[q_idx]
 
     mask = BlockMask.from_kv_blocks(
-        torch.tensor(part_num, dtype=torch.int32, device=device)[None, None],
-        part_idx.to(device)[None, None],
-        torch.tensor(full_num, dtype=torch.int32, device=device)[None, None],
-        full_idx.to(device)[None, None],
+        part_num[None, None],
+        part_idx[None, None],
+        full_num[None, None],
+        full_idx[None, None],
         BLOCK_SIZE=(1, block_size),
         mask_mod=in_filled_part,
         seq_lengths=(rows, num_kv_blocks * block_size),
@@ -299,6 +285,32 @@ def flex_decode_metadata(
         token_indices=torch.tensor(token_indices, dtype=torch.long, device=device),
         block_mask=mask,
     )
+
+
+def _flex_block_lists(
+    block_tables: list[list[int]],
+    context_lens: list[int],
+    rows: int,
+    num_kv_blocks: int,
+    block_size: int,
+) -> tuple[torch.Tensor, ...]:
+    """Host int32 tensors of the block mask: per row, its number of full blocks
+    ``[rows]`` and their ids ``[rows, num_kv_blocks]`` (zero-padded: the kernel
+    wants room for every block of the pool), the same for its partial last block
+    (0 or 1), and ``fill_end`` ``[rows]``: the slot after its last token (its
+    partial block holds tokens in slots ``[block * block_size, fill_end)``)."""
+    full_idx = torch.zeros((rows, num_kv_blocks), dtype=torch.int32)
+    part_idx = torch.zeros((rows, num_kv_blocks), dtype=torch.int32)
+    full_num, part_num, fill_end = [0] * rows, [0] * rows, [0] * rows
+    for i, (table, ctx) in enumerate(zip(block_tables, context_lens)):
+        num_full, rest = divmod(ctx, block_size)
+        full_num[i] = num_full
+        full_idx[i, :num_full] = torch.tensor(table[:num_full], dtype=torch.int32)
+        if rest:
+            part_num[i], part_idx[i, 0] = 1, table[num_full]
+            fill_end[i] = table[num_full] * block_size + rest
+    as_int32 = functools.partial(torch.tensor, dtype=torch.int32)
+    return as_int32(full_num), full_idx, as_int32(part_num), part_idx, as_int32(fill_end)
 
 
 def flex_decode_attention(
