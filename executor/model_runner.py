@@ -1,9 +1,19 @@
 """The model runner: tensors in, tokens out, over a paged KV cache.
 
 Per iteration the engine hands the runner one :class:`SeqInput` per scheduled
-sequence (prefills and decodes alike); :meth:`ModelRunner.forward` packs all
-their new tokens into one ``[num_tokens, ...]`` batch (varlen, no padding),
-runs every layer once, and returns the logits of each sequence's last token.
+sequence (prefills, prefill chunks and decodes alike); :meth:`ModelRunner.forward`
+packs their new tokens into ``[num_tokens, ...]`` batches (varlen, no padding),
+runs every layer, and returns the logits of each sequence's last token.
+
+Passes: a step with more than ``max_tokens_per_pass`` new tokens is run as
+several passes through the whole model, in sequence order; a sequence that
+does not fit what is left of a pass opens the next one, and only one longer
+than a whole pass is cut (its later chunk attends over the cached earlier one,
+as chunked prefill does). On CPU this keeps GPT-2's ``[tokens, 3072]`` float32
+MLP activations under glibc's 32 MB mmap threshold, so they are reused from the
+heap instead of being page-faulted in afresh for every layer (W2-32's 8,032
+prompt tokens in one step: prefill about 5% faster on 2 cores). Only the last
+token of each sequence goes through the LM head.
 
 KV cache layout (vLLM's): per layer, K and V are ``[num_blocks, block_size,
 num_kv_heads, head_dim]``. The scheduler's ``BlockManager`` owns the block ids;
@@ -12,37 +22,37 @@ block_size + p % block_size`` of the flat ``[num_blocks * block_size, ...]``
 view. Each layer first writes the K/V of *all* new tokens by slot mapping and
 only then attends: two sequences admitted in one step may share prefix blocks
 that the first writes in this very forward while the second reads them as its
-cached prefix.
+cached prefix (passes keep the sequence order, so this still holds).
 
-Attention backends:
-
-* ``sdpa`` (any device): ``torch.nn.functional.scaled_dot_product_attention``.
-  Each prefill attends alone over its gathered context (causal, offset by its
-  cached prefix); all single-token queries (decodes) go in one call over
-  contexts padded to the longest, with a padding mask.
-* ``flash_attn`` (CUDA): one ``flash_attn_varlen_func`` call per layer reading
-  the paged cache through a block table. flash-attn 2 requires a page size that
-  is a multiple of 256, so ``auto`` picks it only for CUDA, fp16/bf16 and
-  ``block_size % 256 == 0``; otherwise ``sdpa``.
+Attention backends (:mod:`roseinfer.executor.attention`): ``sdpa`` (any
+device), ``flex`` (single-token queries read the paged cache in place through a
+block mask; needs ``torch.compile``) and ``flash_attn`` (CUDA). ``auto`` picks
+``flash_attn`` for CUDA with fp16/bf16 and ``block_size % 256 == 0`` (flash-attn
+2's page size rule), ``flex`` on CPU when it compiles here, else ``sdpa``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from roseinfer.request import SamplingParams
 
+from . import attention as attn
 from .models import ModelAdapter, make_adapter
 from .sampler import sample as sample_tokens
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "flash_attn")
-# NOTE: SDPA grew ``enable_gqa`` in torch 2.5; before, K/V heads are repeated.
-_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
+# Tokens per pass through the model on CPU (see the module doc): GPT-2's
+# [2048, 3072] float32 MLP activation (25 MB) stays under glibc's 32 MB mmap
+# threshold, so it is reused from the heap instead of page-faulted in afresh.
+CPU_MAX_TOKENS_PER_PASS = 2048
+MAX_DECODE_PADDING = 1.5  # sdpa: a decode group's longest context vs its shortest
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,44 +74,15 @@ class SeqInput:
 
 
 @dataclass(slots=True)
-class _Prefill:
-    """A sequence with more than one query token (attended alone under SDPA)."""
-
-    seq_idx: int
-    query_start: int  # index of its first token in the packed batch
-    num_query_tokens: int
-    context_len: int  # start_pos + num_query_tokens
-    mask: torch.Tensor | None  # [num_query, context] bool (True = attend); None = plain causal
-
-
-@dataclass(slots=True)
-class _DecodeGroup:
-    """One SDPA call over decodes of similar context length.
-
-    Attributes:
-        token_indices: ``[n]`` packed index of each one-token query.
-        slots: ``[n, max_context]`` slot of each context position (padding points
-            at valid slots and is masked out).
-        mask: ``[n, 1, 1, max_context]`` bool, True = attend.
-    """
-
-    token_indices: torch.Tensor
-    slots: torch.Tensor
-    mask: torch.Tensor
-
-
-@dataclass(slots=True)
 class BatchMetadata:
-    """Device tensors describing one packed batch (shared by all layers).
+    """Device tensors describing one packed pass (shared by all layers).
 
     Attributes:
         token_ids, positions, slot_mapping: ``[num_tokens]`` int64.
         last_token_indices: ``[num_seqs]`` int64, each sequence's last packed token.
         block_tables: ``[num_seqs, max_blocks]`` int64, padded with block 0.
         context_lens: context length (tokens) per sequence, on the host.
-        prefills: sequences with several query tokens.
-        decode_groups: one-token queries grouped by similar context length, so the
-            padded context gather of each group wastes little (see ``_DecodeGroup``).
+        attention: prefills, decode groups or the flex decode call (sdpa/flex).
         cu_seqlens_q, cu_seqlens_k: ``[num_seqs + 1]`` int32 prefix sums of query
             and context lengths (flash-attn only; else None).
         max_query_len: longest query (new tokens) of any sequence.
@@ -113,8 +94,7 @@ class BatchMetadata:
     last_token_indices: torch.Tensor
     block_tables: torch.Tensor
     context_lens: list[int]
-    prefills: list[_Prefill] = field(default_factory=list)
-    decode_groups: list[_DecodeGroup] = field(default_factory=list)
+    attention: attn.AttentionMetadata
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
     max_query_len: int = 0
@@ -131,13 +111,19 @@ class ModelRunner:
         block_size: tokens per KV block.
         device: where the weights, the cache and all compute live.
         dtype: weight, activation and KV-cache dtype (logits come out float32).
-        attention_backend: ``auto``, ``sdpa`` or ``flash_attn`` (see module doc).
-            An explicit ``flash_attn`` is used whatever the block size; the
-            kernel itself rejects page sizes it does not support.
+        attention_backend: ``auto``, ``sdpa``, ``flex`` or ``flash_attn`` (see
+            module doc). An explicit ``flash_attn`` is used whatever the block
+            size; the kernel itself rejects page sizes it does not support.
+            ``flex`` is compiled here, at construction (seconds; cached by
+            inductor on disk for later processes).
+        max_tokens_per_pass: new tokens per pass through the model (see module
+            doc); None = :data:`CPU_MAX_TOKENS_PER_PASS` on CPU, unlimited
+            elsewhere; 0 = unlimited.
 
     Raises:
         ValueError: on an unsupported model type, non-positive pool sizes, an
-            unknown backend, or ``flash_attn`` asked for but not importable.
+            unknown backend, ``flash_attn`` asked for but not importable, or
+            ``flex`` asked for but not compilable here.
     """
 
     def __init__(
@@ -149,11 +135,14 @@ class ModelRunner:
         device: torch.device | str,
         dtype: torch.dtype,
         attention_backend: str = "auto",
+        max_tokens_per_pass: int | None = None,
     ) -> None:
         if num_kv_blocks <= 0 or block_size <= 0:
             raise ValueError(
                 f"need num_kv_blocks > 0 and block_size > 0, got {num_kv_blocks}, {block_size}"
             )
+        if max_tokens_per_pass is not None and max_tokens_per_pass < 0:
+            raise ValueError(f"max_tokens_per_pass must be >= 0, got {max_tokens_per_pass}")
         self.device = torch.device(device)
         self.dtype = dtype
         self.num_kv_blocks = num_kv_blocks
@@ -163,7 +152,12 @@ class ModelRunner:
         self.adapter: ModelAdapter = make_adapter(self.model)
         self.shape = self.adapter.shape
         self.kv_cache = self._allocate_kv_cache()
+        if max_tokens_per_pass is None:
+            max_tokens_per_pass = CPU_MAX_TOKENS_PER_PASS if self.device.type == "cpu" else 0
+        self.max_tokens_per_pass = max_tokens_per_pass
         self.attention_backend = _choose_backend(attention_backend, self.device, dtype, block_size)
+        if self.attention_backend == "flex":
+            self._check_flex(explicit=attention_backend == "flex")
         self._flash_varlen = (
             _load_flash_varlen() if self.attention_backend == "flash_attn" else None
         )
@@ -189,7 +183,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
-        """One forward over all ``seqs``, writing their new K/V into the cache.
+        """One step over all ``seqs``, writing their new K/V into the cache.
 
         Returns:
             logits of the last token of each sequence, ``[len(seqs), vocab]``
@@ -200,17 +194,17 @@ class ModelRunner:
                 for its context, a block id outside the pool, or a context
                 longer than the model allows (GPT-2 positions, sliding window).
         """
-        meta = self.prepare(seqs)
-        adapter = self.adapter
-        hidden = adapter.embed(meta.token_ids, meta.positions)
-        pos_ctx = adapter.position_context(meta.positions, hidden.dtype)
-        for layer_idx in range(self.shape.num_layers):
-            q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
-            self._write_kv(layer_idx, k, v, meta.slot_mapping)
-            attn = self._attend(layer_idx, q, meta)
-            hidden = adapter.finish_layer(layer_idx, hidden, attn.flatten(1))
-        last = hidden.index_select(0, meta.last_token_indices)
-        return adapter.logits(last).float()
+        self._check(seqs)
+        passes = split_passes(seqs, self.max_tokens_per_pass)
+        try:
+            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+        except attn.FlexUnavailable as e:
+            # Re-running is safe: the K/V already written are written again, same bits.
+            logger.warning("flex attention failed (%s); using sdpa from now on", e)
+            self.attention_backend = "sdpa"
+            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+        hidden = last[0] if len(last) == 1 else torch.cat(last)
+        return self.adapter.logits(hidden).float()
 
     def sample(
         self,
@@ -223,22 +217,55 @@ class ModelRunner:
         return sample_tokens(logits, params, generators)
 
     def prepare(self, seqs: Sequence[SeqInput]) -> BatchMetadata:
-        """Validate ``seqs`` and build the batch's device tensors (one host pass).
+        """Validate ``seqs`` and build one pass's device tensors (one host pass).
 
         Raises:
             ValueError: as :meth:`forward`.
         """
-        host = _HostBatch.build(
-            seqs, self.block_size, self.num_kv_blocks, self.shape.max_context_tokens
-        )
+        self._check(seqs)
+        return self._prepare(seqs)
+
+    # ------------------------------------------------------------ private
+    def _check(self, seqs: Sequence[SeqInput]) -> None:
+        if not seqs:
+            raise ValueError("forward needs at least one sequence")
+        for seq_idx, seq in enumerate(seqs):
+            _check_seq(
+                seq_idx, seq, self.block_size, self.num_kv_blocks, self.shape.max_context_tokens
+            )
+
+    def _prepare(self, seqs: Sequence[SeqInput]) -> BatchMetadata:
+        host = _HostBatch.build(seqs, self.block_size)
         meta = host.to_device(self.device, self.block_size)
         if self.attention_backend == "flash_attn":
             host.add_flash_tensors(meta, self.device)
         else:
-            host.add_sdpa_tensors(meta, self.device, self.block_size)
+            host.add_attention(
+                meta,
+                self.device,
+                self.block_size,
+                self.num_kv_blocks,
+                flex=self.attention_backend == "flex",
+            )
         return meta
 
-    # ------------------------------------------------------------ private
+    def _run_pass(self, seqs: Sequence[SeqInput], emit: list[bool]) -> torch.Tensor:
+        """All layers over one pass; hidden states ``[sum(emit), hidden]`` of the
+        last token of each sequence with ``emit`` set."""
+        meta = self._prepare(seqs)
+        adapter = self.adapter
+        hidden = adapter.embed(meta.token_ids, meta.positions)
+        pos_ctx = adapter.position_context(meta.positions, hidden.dtype)
+        for layer_idx in range(self.shape.num_layers):
+            q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
+            self._write_kv(layer_idx, k, v, meta.slot_mapping)
+            out = self._attend(layer_idx, q, k, v, meta)
+            hidden = adapter.finish_layer(layer_idx, hidden, out.flatten(1))
+        last = meta.last_token_indices
+        if not all(emit):
+            last = last[torch.tensor(emit, device=last.device)]
+        return hidden.index_select(0, last)
+
     def _allocate_kv_cache(self) -> torch.Tensor:
         """``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` zeros.
 
@@ -257,13 +284,136 @@ class ModelRunner:
         self.k_cache(layer_idx).view(heads).index_copy_(0, slots, k)
         self.v_cache(layer_idx).view(heads).index_copy_(0, slots, v)
 
-    def _attend(self, layer_idx: int, q: torch.Tensor, meta: BatchMetadata) -> torch.Tensor:
-        """Queries ``[num_tokens, num_heads, head_dim]`` -> outputs of the same shape."""
+    def _attend(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        meta: BatchMetadata,
+    ) -> torch.Tensor:
+        """Queries ``[num_tokens, num_heads, head_dim]`` (and this pass's new K/V)
+        -> outputs of the same shape as ``q``."""
         scale = self.adapter.attn_scale(layer_idx)
         k_cache, v_cache = self.k_cache(layer_idx), self.v_cache(layer_idx)
         if self._flash_varlen is not None:
-            return _flash_attention(self._flash_varlen, q, k_cache, v_cache, meta, scale)
-        return _sdpa_attention(q, k_cache, v_cache, meta, scale)
+            return attn.flash_attention(
+                self._flash_varlen,
+                q,
+                k_cache,
+                v_cache,
+                cu_seqlens_q=meta.cu_seqlens_q,
+                cu_seqlens_k=meta.cu_seqlens_k,
+                max_seqlen_q=meta.max_query_len,
+                max_seqlen_k=max(meta.context_lens),
+                block_tables=meta.block_tables,
+                scale=scale,
+            )
+        out = torch.empty_like(q)
+        a = meta.attention
+        attn.prefill_attention(out, q, k, v, k_cache, v_cache, meta.block_tables, a.prefills, scale)
+        attn.grouped_decode_attention(out, q, k_cache, v_cache, a.decode_groups, scale)
+        if a.flex_decodes is not None:
+            attn.flex_decode_attention(out, q, k_cache, v_cache, a.flex_decodes, scale)
+        return out
+
+    def _check_flex(self, *, explicit: bool) -> None:
+        """Compile the flex decode kernel now, on a probe whose row count equals no
+        other size (see :func:`~roseinfer.executor.attention.flex_probe_rows`), so
+        the first step does not stall; fall back to ``sdpa`` (``auto``) or raise
+        (explicit ``flex``) if it does not compile here."""
+        s = self.shape
+        slots = self.num_kv_blocks * self.block_size
+        rows = attn.flex_probe_rows(
+            1, s.num_heads, s.num_kv_heads, s.head_dim, self.num_kv_blocks, slots
+        )
+        probe = [SeqInput([0], i % self.block_size, [0]) for i in range(rows)]
+        try:
+            self._flex_probe(probe)
+        except attn.FlexUnavailable as e:
+            if explicit:
+                raise ValueError(
+                    f"attention_backend='flex' does not compile here ({e}); use 'sdpa'"
+                ) from None
+            logger.warning("flex attention unavailable (%s); using sdpa", e)
+            self.attention_backend = "sdpa"
+
+    @torch.inference_mode()
+    def _flex_probe(self, seqs: Sequence[SeqInput]) -> None:
+        """Run the decode attention of layer 0 alone on ``seqs`` (single-token
+        queries), touching no cache slot: compiles the kernel."""
+        meta = self._prepare(seqs)
+        s = self.shape
+        q = torch.zeros((len(seqs), s.num_heads, s.head_dim), dtype=self.dtype, device=self.device)
+        out = torch.empty_like(q)
+        assert meta.attention.flex_decodes is not None
+        attn.flex_decode_attention(
+            out, q, self.k_cache(0), self.v_cache(0), meta.attention.flex_decodes, 1.0
+        )
+
+
+def _check_seq(
+    seq_idx: int, seq: SeqInput, block_size: int, num_kv_blocks: int, max_ctx: int | None
+) -> None:
+    """Raise ValueError naming ``seq_idx`` if ``seq`` cannot run."""
+    num_query, start = len(seq.token_ids), seq.start_pos
+    context_len = start + num_query
+    num_blocks = -(-context_len // block_size)
+    if num_query == 0 or start < 0:
+        raise ValueError(f"sequence {seq_idx}: needs >= 1 new token and start_pos >= 0")
+    if len(seq.block_table) < num_blocks:
+        raise ValueError(
+            f"sequence {seq_idx}: {context_len} tokens need {num_blocks} blocks of "
+            f"{block_size}, block table has {len(seq.block_table)}"
+        )
+    table = seq.block_table[:num_blocks]
+    if min(table) < 0 or max(table) >= num_kv_blocks:
+        raise ValueError(
+            f"sequence {seq_idx}: block ids {list(table)} outside [0, {num_kv_blocks})"
+        )
+    if max_ctx is not None and context_len > max_ctx:
+        raise ValueError(
+            f"sequence {seq_idx}: context {context_len} exceeds the model's {max_ctx} tokens"
+        )
+
+
+def split_passes(
+    seqs: Sequence[SeqInput], max_tokens: int
+) -> list[tuple[list[SeqInput], list[bool]]]:
+    """Cut a step into passes of at most ``max_tokens`` new tokens, in order.
+
+    A sequence that does not fit in what is left of a pass opens the next pass
+    when it fits in a whole one; a longer one is cut: its first piece ends the
+    pass, the rest (``start_pos`` moved on) opens the next.
+
+    Returns:
+        per pass, its pieces and, per piece, whether it holds its sequence's
+        last token (whose logits the step returns). ``max_tokens = 0``: one pass.
+    """
+    total = sum(len(s.token_ids) for s in seqs)
+    if max_tokens <= 0 or total <= max_tokens:
+        return [(list(seqs), [True] * len(seqs))]
+    passes: list[tuple[list[SeqInput], list[bool]]] = []
+    pieces: list[SeqInput] = []
+    emit: list[bool] = []
+    room = max_tokens
+    for seq in seqs:
+        ids, done = seq.token_ids, 0
+        if pieces and room < len(ids) <= max_tokens:  # fits a fresh pass whole: no cut
+            passes.append((pieces, emit))
+            pieces, emit, room = [], [], max_tokens
+        while done < len(ids):
+            take = min(room, len(ids) - done)
+            pieces.append(SeqInput(ids[done : done + take], seq.start_pos + done, seq.block_table))
+            done += take
+            emit.append(done == len(ids))
+            room -= take
+            if room == 0:
+                passes.append((pieces, emit))
+                pieces, emit, room = [], [], max_tokens
+    if pieces:
+        passes.append((pieces, emit))
+    return passes
 
 
 # ------------------------------------------------------------------ metadata
@@ -271,7 +421,7 @@ class ModelRunner:
 
 @dataclass(slots=True)
 class _HostBatch:
-    """The batch as host lists, before one copy of each to the device."""
+    """The pass as host lists, before one copy of each to the device."""
 
     token_ids: list[int]
     positions: list[int]
@@ -281,46 +431,19 @@ class _HostBatch:
     block_tables: list[list[int]]  # each cut to the blocks its context needs
 
     @classmethod
-    def build(
-        cls,
-        seqs: Sequence[SeqInput],
-        block_size: int,
-        num_kv_blocks: int,
-        max_context_tokens: int | None,
-    ) -> _HostBatch:
-        if not seqs:
-            raise ValueError("forward needs at least one sequence")
+    def build(cls, seqs: Sequence[SeqInput], block_size: int) -> _HostBatch:
+        """Pack checked ``seqs`` (see :func:`_check_seq`)."""
         batch = cls([], [], [], [], [], [])
         for seq_idx, seq in enumerate(seqs):
-            batch._add(seq_idx, seq, block_size, num_kv_blocks, max_context_tokens)
+            num_query, start = len(seq.token_ids), seq.start_pos
+            context_len = start + num_query
+            batch.token_ids.extend(seq.token_ids)
+            batch.positions.extend(range(start, context_len))
+            batch.seq_of_token.extend([seq_idx] * num_query)
+            batch.query_lens.append(num_query)
+            batch.context_lens.append(context_len)
+            batch.block_tables.append(list(seq.block_table[: -(-context_len // block_size)]))
         return batch
-
-    def _add(
-        self, seq_idx: int, seq: SeqInput, block_size: int, num_kv_blocks: int, max_ctx: int | None
-    ):
-        num_query, start = len(seq.token_ids), seq.start_pos
-        context_len = start + num_query
-        num_blocks = -(-context_len // block_size)
-        if num_query == 0 or start < 0:
-            raise ValueError(f"sequence {seq_idx}: needs >= 1 new token and start_pos >= 0")
-        if len(seq.block_table) < num_blocks:
-            raise ValueError(
-                f"sequence {seq_idx}: {context_len} tokens need {num_blocks} blocks of "
-                f"{block_size}, block table has {len(seq.block_table)}"
-            )
-        table = list(seq.block_table[:num_blocks])
-        if min(table) < 0 or max(table) >= num_kv_blocks:
-            raise ValueError(f"sequence {seq_idx}: block ids {table} outside [0, {num_kv_blocks})")
-        if max_ctx is not None and context_len > max_ctx:
-            raise ValueError(
-                f"sequence {seq_idx}: context {context_len} exceeds the model's {max_ctx} tokens"
-            )
-        self.token_ids.extend(seq.token_ids)
-        self.positions.extend(range(start, context_len))
-        self.seq_of_token.extend([seq_idx] * num_query)
-        self.query_lens.append(num_query)
-        self.context_lens.append(context_len)
-        self.block_tables.append(table)
 
     def to_device(self, device: torch.device, block_size: int) -> BatchMetadata:
         """The tensors every backend needs; slot mapping computed on the device."""
@@ -338,22 +461,82 @@ class _HostBatch:
             last_token_indices=torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
             block_tables=block_tables,
             context_lens=self.context_lens,
+            attention=attn.AttentionMetadata(),
             max_query_len=max(self.query_lens),
         )
 
-    def add_sdpa_tensors(self, meta: BatchMetadata, device: torch.device, block_size: int) -> None:
-        """Split into prefills (own causal mask) and one padded decode group."""
+    def add_attention(
+        self,
+        meta: BatchMetadata,
+        device: torch.device,
+        block_size: int,
+        num_kv_blocks: int,
+        *,
+        flex: bool,
+    ) -> None:
+        """Prefills (each its own SDPA call); single-token queries as one flex call
+        (``flex``) or as SDPA groups of similar context length."""
         starts = _prefix_sums(self.query_lens)
         decode_rows = [i for i, n in enumerate(self.query_lens) if n == 1]
         for seq_idx, num_query in enumerate(self.query_lens):
             if num_query > 1:
                 ctx = self.context_lens[seq_idx]
                 mask = None if ctx == num_query else _offset_causal_mask(num_query, ctx, device)
-                meta.prefills.append(_Prefill(seq_idx, starts[seq_idx], num_query, ctx, mask))
-        if decode_rows:
-            _add_decode_tensors(
-                meta, decode_rows, [starts[i] for i in decode_rows], device, block_size
+                meta.attention.prefills.append(
+                    attn.Prefill(seq_idx, starts[seq_idx], num_query, ctx, mask)
+                )
+        if not decode_rows:
+            return
+        if flex:
+            meta.attention.flex_decodes = attn.flex_decode_metadata(
+                [starts[i] for i in decode_rows],
+                [self.block_tables[i] for i in decode_rows],
+                [self.context_lens[i] for i in decode_rows],
+                num_kv_blocks,
+                block_size,
+                device,
             )
+        else:
+            meta.attention.decode_groups = self._decode_groups(
+                decode_rows, starts, device, block_size
+            )
+
+    def _decode_groups(
+        self, rows: list[int], starts: list[int], device: torch.device, block_size: int
+    ) -> list[attn.DecodeGroup]:
+        """Group the decodes by context length (sorted, a new group once the longest
+        would exceed ``MAX_DECODE_PADDING`` x the shortest) so the padded gather of
+        each group reads little more than its real contexts."""
+        order = sorted(rows, key=lambda i: self.context_lens[i])
+        groups: list[list[int]] = [[]]
+        for i in order:
+            if (
+                groups[-1]
+                and self.context_lens[i] > MAX_DECODE_PADDING * self.context_lens[groups[-1][0]]
+            ):
+                groups.append([])
+            groups[-1].append(i)
+        return [self._decode_group(g, starts, device, block_size) for g in groups]
+
+    def _decode_group(
+        self, members: list[int], starts: list[int], device: torch.device, block_size: int
+    ) -> attn.DecodeGroup:
+        """Block ids ``[n * max_blocks]`` and padding mask of one decode group."""
+        max_blocks = max(len(self.block_tables[i]) for i in members)
+        block_ids = [
+            b
+            for i in members
+            for b in self.block_tables[i] + [0] * (max_blocks - len(self.block_tables[i]))
+        ]
+        lens = torch.tensor([self.context_lens[i] for i in members], device=device)
+        offsets = torch.arange(max_blocks * block_size, device=device)
+        return attn.DecodeGroup(
+            token_indices=torch.tensor(
+                [starts[i] for i in members], dtype=torch.long, device=device
+            ),
+            block_ids=torch.tensor(block_ids, dtype=torch.long, device=device),
+            mask=(offsets[None, :] < lens[:, None])[:, None, None, :],
+        )
 
     def add_flash_tensors(self, meta: BatchMetadata, device: torch.device) -> None:
         """Prefix sums for ``flash_attn_varlen_func``; block table as int32."""
@@ -364,60 +547,6 @@ class _HostBatch:
             _prefix_sums(self.context_lens), dtype=torch.int32, device=device
         )
         meta.block_tables = meta.block_tables.to(torch.int32)
-
-
-MAX_DECODE_PADDING = 1.5  # a decode group's longest context vs its shortest
-
-
-def _add_decode_tensors(
-    meta: BatchMetadata,
-    rows: list[int],
-    token_indices: list[int],
-    device: torch.device,
-    block_size: int,
-) -> None:
-    """Group the decodes by context length (sorted, a new group once the longest
-    would exceed ``MAX_DECODE_PADDING`` x the shortest) so the padded gather of
-    each group reads little more than its real contexts."""
-    order = sorted(range(len(rows)), key=lambda j: meta.context_lens[rows[j]])
-    group: list[int] = []
-    for j in order:
-        if (
-            group
-            and meta.context_lens[rows[j]] > MAX_DECODE_PADDING * meta.context_lens[rows[group[0]]]
-        ):
-            meta.decode_groups.append(
-                _decode_group(meta, rows, token_indices, group, device, block_size)
-            )
-            group = []
-        group.append(j)
-    meta.decode_groups.append(_decode_group(meta, rows, token_indices, group, device, block_size))
-
-
-def _decode_group(
-    meta: BatchMetadata,
-    rows: list[int],
-    token_indices: list[int],
-    members: list[int],
-    device: torch.device,
-    block_size: int,
-) -> _DecodeGroup:
-    """Context slots ``[n, max_ctx]`` and padding mask of one decode group."""
-    context_lens = [meta.context_lens[rows[j]] for j in members]
-    max_ctx = max(context_lens)
-    offsets = torch.arange(max_ctx, device=device)
-    seq_rows = torch.tensor([rows[j] for j in members], dtype=torch.long, device=device)
-    tables = meta.block_tables[seq_rows]
-    # Padded offsets read block 0 (padding of the table) or a real block: valid slots, masked.
-    block_ids = tables[:, (offsets // block_size).clamp_max(tables.shape[1] - 1)]
-    lens = torch.tensor(context_lens, device=device)
-    return _DecodeGroup(
-        token_indices=torch.tensor(
-            [token_indices[j] for j in members], dtype=torch.long, device=device
-        ),
-        slots=block_ids * block_size + offsets % block_size,
-        mask=(offsets[None, :] < lens[:, None])[:, None, None, :],
-    )
 
 
 def _offset_causal_mask(num_query: int, context_len: int, device: torch.device) -> torch.Tensor:
@@ -435,103 +564,30 @@ def _prefix_sums(lengths: list[int]) -> list[int]:
     return sums
 
 
-# ----------------------------------------------------------------- attention
-
-
-def _sdpa_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: BatchMetadata, scale: float
-) -> torch.Tensor:
-    """SDPA over the paged cache: a call per prefill, one for all decodes.
-
-    Args:
-        q: ``[num_tokens, num_heads, head_dim]``.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
-
-    Returns:
-        ``[num_tokens, num_heads, head_dim]``.
-    """
-    out = torch.empty_like(q)
-    k_flat = k_cache.flatten(0, 1)  # [num_slots, num_kv_heads, head_dim]
-    v_flat = v_cache.flatten(0, 1)
-    for p in meta.prefills:
-        blocks = meta.block_tables[p.seq_idx]  # gather whole blocks, then cut
-        k = k_cache[blocks].flatten(0, 1)[: p.context_len]
-        v = v_cache[blocks].flatten(0, 1)[: p.context_len]
-        rows = slice(p.query_start, p.query_start + p.num_query_tokens)
-        out[rows] = _sdpa(q[rows].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), p.mask, scale)[0]
-    for group in meta.decode_groups:
-        q_dec = q.index_select(0, group.token_indices).unsqueeze(1)  # [B, 1, H, D]
-        k, v = k_flat[group.slots], v_flat[group.slots]  # [B, ctx, Hkv, D]
-        o = _sdpa(q_dec, k, v, group.mask, scale)  # [B, 1, H, D]
-        out.index_copy_(0, group.token_indices, o[:, 0])
-    return out
-
-
-def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """SDPA on ``[B, len, heads, head_dim]`` tensors (K/V may have fewer heads).
-
-    ``mask`` is None for plain top-left causal (query len == key len), else a
-    bool mask broadcastable to ``[B, heads, q_len, k_len]``.
-    """
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    num_groups = q.shape[1] // k.shape[1]
-    kwargs = {}
-    if num_groups > 1 and _SDPA_HAS_GQA:
-        kwargs["enable_gqa"] = True
-    elif num_groups > 1:
-        k, v = k.repeat_interleave(num_groups, dim=1), v.repeat_interleave(num_groups, dim=1)
-    o = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, **kwargs
-    )
-    return o.transpose(1, 2)
-
-
-def _flash_attention(
-    flash_varlen: Callable,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: BatchMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """One ``flash_attn_varlen_func`` call reading the paged cache.
-
-    flash-attn's causal mask is bottom-right aligned when query and key lengths
-    differ, which is exactly "see the cached prefix plus earlier new tokens".
-    Source: flash_attn/flash_attn_interface.py (flash-attn >= 2.5, ``block_table``).
-    """
-    return flash_varlen(
-        q,
-        k_cache,
-        v_cache,
-        cu_seqlens_q=meta.cu_seqlens_q,
-        cu_seqlens_k=meta.cu_seqlens_k,
-        max_seqlen_q=meta.max_query_len,
-        max_seqlen_k=max(meta.context_lens),
-        softmax_scale=scale,
-        causal=True,
-        block_table=meta.block_tables,
-    )
-
-
 def _choose_backend(
     requested: str, device: torch.device, dtype: torch.dtype, block_size: int
 ) -> str:
-    """Resolve ``auto``; check an explicit ``flash_attn`` is importable."""
+    """Resolve ``auto``; check an explicit ``flash_attn`` / ``flex`` is importable
+    (whether ``flex`` also compiles is checked by the runner)."""
     if requested not in ATTENTION_BACKENDS:
         raise ValueError(
             f"attention_backend must be one of {ATTENTION_BACKENDS}, got {requested!r}"
         )
     if requested == "flash_attn" and _load_flash_varlen() is None:
         raise ValueError("attention_backend='flash_attn' but flash_attn (>= 2.5) is not importable")
+    if requested == "flex" and not attn.flex_available():
+        raise ValueError(
+            f"attention_backend='flex' needs torch.nn.attention.flex_attention with "
+            f"BlockMask.from_kv_blocks (torch {torch.__version__} lacks it); use 'sdpa'"
+        )
     if requested != "auto":
         return requested
     fits = (
         device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and block_size % 256 == 0
     )
-    return "flash_attn" if fits and _load_flash_varlen() is not None else "sdpa"
+    if fits and _load_flash_varlen() is not None:
+        return "flash_attn"
+    return "flex" if device.type == "cpu" and attn.flex_available() else "sdpa"
 
 
 def _load_flash_varlen() -> Callable | None:

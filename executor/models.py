@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Built-in names -> (config class name, config kwargs). Tiny models are for tests;
@@ -284,6 +285,7 @@ class Gpt2Adapter(ModelAdapter):
         )
         self._scale_weights = cfg.scale_attn_weights
         self._scale_by_layer = cfg.scale_attn_by_inverse_layer_idx
+        self._gelu_new = cfg.activation_function == "gelu_new"
 
     def embed(self, token_ids, positions):
         return self.body.wte(token_ids) + self.body.wpe(positions)
@@ -302,11 +304,32 @@ class Gpt2Adapter(ModelAdapter):
 
     def finish_layer(self, layer_idx, hidden, attn):
         block = self.blocks[layer_idx]
-        hidden = hidden + block.attn.c_proj(attn)
-        return hidden + block.mlp(block.ln_2(hidden))
+        # In place on fresh outputs (a + b == b + a in IEEE): same bits, fewer
+        # large allocations (each one page-faults in fresh memory on CPU).
+        hidden = block.attn.c_proj(attn).add_(hidden)
+        x = block.ln_2(hidden)
+        if self._gelu_new:
+            mlp = block.mlp
+            x = mlp.c_proj(gelu_new_(mlp.c_fc(x)))
+        else:
+            x = block.mlp(x)
+        return x.add_(hidden)
 
     def logits(self, hidden):
         return self.lm_head(self.body.ln_f(hidden))
+
+
+def gelu_new_(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh GELU (transformers' ``NewGELUActivation``), in place on ``x``.
+
+    The same operations in the same order as ``0.5 * x * (1 + tanh(sqrt(2 / pi)
+    * (x + 0.044715 * x ** 3)))``, hence the same bits (multiplying by 0.5 is
+    exact in any order), with one temporary instead of seven: on a ``[8000,
+    3072]`` float32 prefill activation about 3x faster on CPU. ``x`` is
+    overwritten and returned.
+    """
+    y = torch.pow(x, 3.0).mul_(0.044715).add_(x).mul_(math.sqrt(2.0 / math.pi))
+    return x.mul_(y.tanh_().add_(1.0)).mul_(0.5)
 
 
 class LlamaAdapter(ModelAdapter):
@@ -336,6 +359,9 @@ class LlamaAdapter(ModelAdapter):
             vocab_size=cfg.vocab_size,
             max_context_tokens=_sliding_window(self.layers),
         )
+        self._silu = getattr(cfg, "hidden_act", None) == "silu" and all(
+            hasattr(layer.mlp, "gate_proj") for layer in self.layers
+        )
 
     def embed(self, token_ids, positions):
         return self.body.embed_tokens(token_ids)
@@ -363,8 +389,14 @@ class LlamaAdapter(ModelAdapter):
 
     def finish_layer(self, layer_idx, hidden, attn):
         layer = self.layers[layer_idx]
-        hidden = hidden + layer.self_attn.o_proj(attn)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = layer.self_attn.o_proj(attn).add_(hidden)  # in place: same bits
+        x = layer.post_attention_layernorm(hidden)
+        mlp = layer.mlp
+        if self._silu:  # LlamaMLP: down(silu(gate(x)) * up(x)), in place: same bits
+            x = mlp.down_proj(F.silu(mlp.gate_proj(x), inplace=True).mul_(mlp.up_proj(x)))
+        else:
+            x = mlp(x)
+        return x.add_(hidden)
 
     def logits(self, hidden):
         return self.lm_head(self.body.norm(hidden))

@@ -338,3 +338,109 @@ def test_cuda_greedy_matches_generate():
     assert logits.device.type == "cuda"
     outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
     assert outs == [hf_greedy(model, p) for p in prompts]
+
+
+# ------------------------------------------------- backends, passes, kernels
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama"])
+def test_each_backend_matches_generate_with_scattered_blocks(name, backend):
+    """Block tables in no order and shared by nobody; contexts that end on a
+    block boundary, inside a block and inside the first block."""
+    model = tiny(name)
+    prompts = prompts_of(3, 8, 13, 2)
+    pool = torch.randperm(64, generator=torch.Generator().manual_seed(5)).tolist()
+    tables = [pool[i * 8 : (i + 1) * 8] for i in range(len(prompts))]
+    runner = runner_for(model, attention_backend=backend)
+    assert runner.attention_backend == backend
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    assert outs == [hf_greedy(model, p) for p in prompts]
+
+
+def test_flex_equals_sdpa_on_a_mixed_step():
+    """One step mixing a prefill chunk (start_pos > 0, not block-aligned), a
+    1-token prefill chunk and decodes: flex and sdpa give the same logits."""
+    model = tiny("tiny-llama")
+    prompts = prompts_of(10, 7, 9, 4, seed=6)
+    tables = tables_for(len(prompts))
+    runners = [runner_for(model, attention_backend=b) for b in ("sdpa", "flex")]
+    logits = []
+    for runner in runners:
+        runner.forward([SeqInput(p[:5], 0, t) for p, t in zip(prompts, tables)])
+        step = [
+            SeqInput(prompts[0][5:], 5, tables[0]),  # 5-token chunk from position 5
+            SeqInput(prompts[1][5:6], 5, tables[1]),  # 1-token prefill chunk
+            SeqInput([3], 5, tables[2]),  # decodes
+            SeqInput([4], 5, tables[3]),
+        ]
+        logits.append(runner.forward(step))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+
+
+def test_passes_give_the_logits_of_one_pass():
+    """A step cut into passes of 6 tokens (prompts cut mid-way, decodes after)
+    gives the logits of the same step in one pass."""
+    model = tiny("tiny-gpt2")
+    prompts = prompts_of(9, 2, 14, seed=7)
+    tables = tables_for(len(prompts) + 1)
+    results = []
+    for max_tokens in (0, 6):
+        runner = runner_for(model, max_tokens_per_pass=max_tokens)
+        runner.forward([SeqInput(prompts_of(5, seed=8)[0], 0, tables[3])])
+        step = [SeqInput(p, 0, t) for p, t in zip(prompts, tables)]
+        results.append(runner.forward([*step, SeqInput([1], 5, tables[3])]))
+    assert results[0].shape == (4, model.config.vocab_size)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
+    assert torch.equal(results[0].argmax(-1), results[1].argmax(-1))
+
+
+def test_split_passes_cuts_only_what_does_not_fit_a_pass():
+    seqs = [SeqInput([1] * n, s, [0]) for n, s in ((3, 0), (4, 2), (1, 9), (9, 0))]
+    passes = model_runner.split_passes(seqs, 5)
+    shapes = [[(len(p.token_ids), p.start_pos) for p in pieces] for pieces, _ in passes]
+    # (4, 2) fits a fresh pass whole; (9, 0) is longer than a pass, so it is cut.
+    assert shapes == [[(3, 0)], [(4, 2), (1, 9)], [(5, 0)], [(4, 5)]]
+    assert [emit for _, emit in passes] == [[True], [True, True], [False], [True]]
+    assert model_runner.split_passes(seqs, 0) == [(seqs, [True] * 4)]
+
+
+def test_gelu_new_in_place_has_the_bits_of_transformers():
+    from transformers.activations import NewGELUActivation
+
+    from roseinfer.executor.models import gelu_new_
+
+    x = torch.randn(64, 300, generator=torch.Generator().manual_seed(0)) * 4
+    assert torch.equal(gelu_new_(x.clone()), NewGELUActivation()(x))
+
+
+def test_flex_that_does_not_compile_falls_back_or_raises(monkeypatch):
+    from roseinfer.executor import attention
+
+    def broken(config):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(attention, "compiled_flex", broken)
+    model = tiny("tiny-gpt2")
+    assert runner_for(model).attention_backend == "sdpa"
+    with pytest.raises(ValueError, match="does not compile here.*use 'sdpa'"):
+        runner_for(model, attention_backend="flex")
+    with pytest.raises(ValueError, match="max_tokens_per_pass"):
+        runner_for(model, max_tokens_per_pass=-1)
+
+
+def test_flex_failing_mid_run_falls_back_to_sdpa_with_the_same_tokens(monkeypatch):
+    from roseinfer.executor import attention
+
+    model = tiny("tiny-llama")
+    prompts, tables = prompts_of(6, 9), tables_for(2)
+    runner = runner_for(model, attention_backend="flex")
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    monkeypatch.setattr(attention, "compiled_flex", lambda config: None)  # calling None fails
+    outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
+    assert runner.attention_backend == "sdpa"
+    assert outs == [hf_greedy(model, p) for p in prompts]
