@@ -297,6 +297,7 @@ class ModelRunner:
         scale = self.adapter.attn_scale(layer_idx)
         k_cache, v_cache = self.k_cache(layer_idx), self.v_cache(layer_idx)
         if self._flash_varlen is not None:
+            assert meta.cu_seqlens_q is not None and meta.cu_seqlens_k is not None
             return attn.flash_attention(
                 self._flash_varlen,
                 q,
