@@ -14,7 +14,7 @@ Example::
 """
 
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
-from .io import write_records, write_result
+from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
 from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
 from .summary import (
@@ -29,6 +29,7 @@ from .summary import (
 
 __all__ = [
     "COLUMNS",
+    "RECORD_SUFFIXES",
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
     "NO_TENANT",
@@ -36,6 +37,8 @@ __all__ = [
     "SLO_METRICS",
     "STATUSES",
     "Column",
+    "check_output_path",
+    "escape_formula",
     "format_summary",
     "jain_index",
     "latency_values_ms",

@@ -21,6 +21,7 @@ from roseinfer.cli import (
     add_common_args,
     build_workload,
     config_facts,
+    float_in,
     kv_blocks_from_bytes,
     report,
     run_main,
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
         help="share of device memory for weights + KV cache, sets the default KV pool "
         f"(default {GPU_MEMORY_UTILIZATION}, as vLLM)",
@@ -94,15 +95,16 @@ def load_model_spec(name: str) -> ModelSpec:
     """A built-in model spec, or one read from a transformers ``config.json``.
 
     Raises:
-        CliError: if the file cannot be read.
+        CliError: if the file cannot be read or holds no valid model shape.
     """
     path = Path(name)
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         try:
             return model_spec_from_hf_config(json.loads(file.read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as err:
-            raise CliError(f"cannot read a model config from {file}: {err}") from None
+        except (OSError, ValueError, KeyError, RecursionError) as err:
+            detail = str(err).strip()[:200] or type(err).__name__
+            raise CliError(f"cannot read a model config from {file}: {detail}") from None
     return get_model_spec(name)
 
 
@@ -114,14 +116,15 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
     """
     if args.kv_cache_memory_gb is not None:
         num_bytes = args.kv_cache_memory_gb * 2**30
-    else:
-        num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
-        if num_bytes <= 0:
-            raise CliError(
-                f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
-                f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
-            )
-    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
+        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
+    num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
+    if num_bytes <= 0:
+        raise CliError(
+            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
+            f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
+        )
+    source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
+    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size, source)
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ class _Setup:
 def _roofline_setup(args: argparse.Namespace) -> _Setup:
     model = load_model_spec(args.model or DEFAULT_MODEL)
     device = get_device_spec(args.device or DEFAULT_DEVICE)
-    args.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    if args.block_size is None:
+        args.block_size = DEFAULT_BLOCK_SIZE
     num_blocks = default_num_kv_blocks(args, model, device)
     cost_model = make_cost_model(model, device)
     return _Setup(cost_model, model, device.name, num_blocks, model.max_model_len, {})
@@ -172,7 +176,7 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     wanted = {
         "model": None if profile.same_shape(model) else model.name,
         "block_size": args.block_size,
-        "num_kv_blocks": args.num_kv_blocks or num_blocks,
+        "num_kv_blocks": num_blocks if args.num_kv_blocks is None else args.num_kv_blocks,
         "max_model_len": args.max_model_len,
     }
     profiled = {"model": None, **profile.scheduler_defaults()}
