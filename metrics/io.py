@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ def check_output_path(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> 
 
     Raises:
         ValueError: naming ``flag`` when ``path`` is a directory, has another
-            extension, sits under a file, or lies in a folder this user cannot write.
+            extension, sits under a file, or cannot be written (a temporary file
+            is created and removed in its nearest existing folder to find out).
     """
     if suffixes and path.suffix.lower() not in suffixes:
         raise ValueError(
@@ -43,14 +45,23 @@ def check_output_path(path: Path, flag: str, suffixes: tuple[str, ...] = ()) -> 
     if path.is_dir():
         raise ValueError(f"{flag} {path}: is a directory; give a file name inside it")
     if path.exists():
-        if not os.access(path, os.W_OK):
-            raise ValueError(f"{flag} {path}: the file is not writable; choose another path")
+        _probe(flag, path, lambda: path.open("a").close())  # NOTE: "a" leaves the file as is
         return
     folder = _nearest_existing(path.parent)
     if not folder.is_dir():
         raise ValueError(f"{flag} {path}: {folder} is a file, not a folder; fix the path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path}: cannot create files in {folder}; choose another path")
+    # NOTE: a real file probe, not os.access: root passes os.access on read-only mounts.
+    _probe(flag, path, lambda: tempfile.TemporaryFile(dir=folder).close())
+
+
+def _probe(flag: str, path: Path, touch: Callable[[], None]) -> None:
+    try:
+        touch()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ValueError(
+            f"{flag} {path}: cannot be written ({reason}); choose another path"
+        ) from None
 
 
 def _nearest_existing(folder: Path) -> Path:
