@@ -457,7 +457,9 @@ def test_rose_run_loads_a_pickle_only_directory(monkeypatch, capsys, model_dirs,
     result = tmp_path / "r.json"
     code, _, err = run_cli(
         run_main, "rose-run", monkeypatch, capsys, "--model", str(model_dirs / "pickle"),
-        "--device", "cpu", "--num-requests", "2", "--quiet", "--no-progress",
+        "--device", "cpu", "--num-requests", "2", "--quiet", "--no-progress", "--no-warmup",
+        "--attention-backend", "sdpa",
+        "--workload", "synthetic", "--prompt-tokens", "8", "--output-tokens", "4",
         "--save-result", str(result),
     )  # fmt: skip
     assert code == 0 and "Traceback" not in err, err
