@@ -22,6 +22,7 @@ from roseinfer import workloads
 from roseinfer.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
+    PREFIX_CACHING_HASH_ALGOS,
     SCHEDULER_PRESETS,
     SchedulerConfig,
 )
@@ -286,6 +287,12 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         help="reuse KV blocks by hashes of full prompt blocks (default on)",
     )
     g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=PREFIX_CACHING_HASH_ALGOS,
+        help="hash of a prompt block's token ids for prefix caching: sha256 (collision-"
+        "resistant; rose-run's default) or builtin (Python hash(), cheaper; rose-sim's default)",
+    )
+    g.add_argument(
         "--max-model-len", type=POSITIVE, help="longest request in tokens (default: model's)"
     )
 
@@ -491,6 +498,7 @@ def scheduler_config(
             prefill_max_tokens=args.prefill_max_tokens,
             max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
             enable_prefix_caching=args.enable_prefix_caching,
+            prefix_caching_hash_algo=args.prefix_caching_hash_algo,
             policy=args.policy,
             options=options,
             **scheduler_knobs(args),
@@ -513,6 +521,7 @@ def config_facts(config: SchedulerConfig) -> dict[str, Any]:
         "loop_order": config.loop_order,
         "max_model_len": config.max_model_len,
         "enable_prefix_caching": config.enable_prefix_caching,
+        "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
     }
 
 

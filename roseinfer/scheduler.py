@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
-from roseinfer.block_manager import BlockManager
+from roseinfer.block_manager import BLOCK_HASHERS, BlockManager
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import AdmissionPolicy, Budget, Phase, PolicyContext, PolicyError
 from roseinfer.records import StepLog
@@ -199,7 +199,10 @@ class Scheduler:
                 "(--prefill-max-tokens); use --policy budget or pack, or drop the budget"
             )
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+            config.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            BLOCK_HASHERS[config.prefix_caching_hash_algo],
         )
         self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
