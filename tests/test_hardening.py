@@ -488,3 +488,38 @@ def test_rose_run_checks_outputs_before_loading_the_model(monkeypatch, capsys, t
     line = run_error(monkeypatch, capsys, "--model", "no-such-model", "--device", "cpu",
                      "--save-records", str(tmp_path / "r.txt"))  # fmt: skip
     assert "--save-records" in line and "unsupported extension '.txt'" in line
+
+
+# ------------------------------------------------------------- block hashes
+def test_executor_block_hashes_are_sha256_and_resist_a_builtin_collision() -> None:
+    """Before: Python ``hash()`` on tuples (64-bit; CPython even maps -1 and -2 to
+    the same hash), the class of vLLM's CVE-2025-25183."""
+    from roseinfer.block_manager import (
+        BlockManager,
+        builtin_block_hash,
+        compute_block_hashes,
+        sha256_block_hash,
+    )
+
+    assert builtin_block_hash(0, (-1, 5)) == builtin_block_hash(0, (-2, 5))  # a real collision
+    assert sha256_block_hash(0, (-1, 5)) != sha256_block_hash(0, (-2, 5))
+    assert BlockManager(4, 4, True).block_hasher is sha256_block_hash
+    assert SchedulerConfig(num_kv_blocks=4).prefix_caching_hash_algo == "sha256"
+    a = req(0, 12, prompt_token_ids=tuple(range(12)))
+    b = req(1, 12, prompt_token_ids=(*range(8), 99, 9, 10, 11))
+    ha, hb = compute_block_hashes(a, 4), compute_block_hashes(b, 4)
+    assert ha[:2] == hb[:2] and ha[2] != hb[2]  # chained: equal prefixes, then apart
+    assert all(0 <= h < 2**256 for h in ha) and max(ha) > 2**64
+    assert ha[1] == sha256_block_hash(ha[0], range(4, 8))
+
+
+def test_backends_record_their_hash_algo(monkeypatch, capsys, tmp_path: Path) -> None:
+    result = tmp_path / "r.json"
+    code, _, err = run_cli(sim_main, "rose-sim", monkeypatch, capsys, "--num-requests", "3",
+                           "--quiet", "--save-result", str(result))  # fmt: skip
+    assert code == 0, err
+    assert json.loads(result.read_text())["prefix_caching_hash_algo"] == "builtin"
+    pytest.importorskip("torch")
+    from roseinfer.executor.cli import build_parser
+
+    assert build_parser().parse_args([]).prefix_caching_hash_algo == "sha256"
