@@ -621,7 +621,8 @@ def friendly_errors(prog: str) -> Iterator[None]:
 
 
 def _die(prog: str, message: str) -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    line = " ".join(message.splitlines())  # NOTE: one line, even if a library gives several
+    print(f"{prog}: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -176,25 +177,47 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
 
 # ---------------------------------------------------------------- CSV input
 def _read_csv(path: Path, columns: Sequence[str], fmt: str) -> pd.DataFrame:
-    """All cells as strings, blank lines dropped; row index i is file line i + 2."""
+    """All cells as strings, blank lines dropped; row index i is file line i + 2.
+
+    NOTE: read with ``header=None`` so the header fixes the field count: a row
+    with more fields is a parse error naming its line, where pandas would
+    otherwise turn the extra leading cells of the first row into an index.
+    """
     try:
         df = pd.read_csv(
-            path, dtype=str, keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig"
+            path,
+            header=None,
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=False,
+            encoding="utf-8-sig",
         )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as err:
         detail = clip(str(err).strip().removeprefix("Error tokenizing data. C error: "))
         raise WorkloadError(f"{path}: not a valid CSV ({detail}); fix that row") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in columns if c not in df.columns]
+    df = df.fillna("")  # NOTE: a row with fewer fields than the header is padded with NaN
+    header = [str(c).strip() for c in df.iloc[0]]
+    df = df.iloc[1:].set_axis(header, axis=1).set_axis(range(len(df) - 1), axis=0)
+    _check_header(path, header, columns, fmt)
+    df = df[(df != "").any(axis=1)]  # NOTE: blank lines (all cells empty) are skipped
+    if df.empty:
+        raise WorkloadError(f"{path}: no rows after the header; the trace is empty")
+    return df
+
+
+def _check_header(path: Path, header: list[str], columns: Sequence[str], fmt: str) -> None:
+    missing = [c for c in columns if c not in header]
     if missing:
         raise WorkloadError(
             f"{path}:1: missing column(s) {', '.join(missing)} for the {fmt} format; "
             f"the header must contain {','.join(columns)}"
         )
-    df = df[(df != "").any(axis=1)]  # NOTE: blank lines (all cells empty) are skipped
-    if df.empty:
-        raise WorkloadError(f"{path}: no rows after the header; the trace is empty")
-    return df
+    twice = sorted(c for c, n in Counter(header).items() if c and n > 1)
+    if twice:
+        raise WorkloadError(
+            f"{path}:1: column(s) {clip(', '.join(twice))} appear more than once in the header; "
+            "keep one of each"
+        )
 
 
 def _bad_row(
