@@ -523,3 +523,18 @@ def test_backends_record_their_hash_algo(monkeypatch, capsys, tmp_path: Path) ->
     from roseinfer.executor.cli import build_parser
 
     assert build_parser().parse_args([]).prefix_caching_hash_algo == "sha256"
+
+
+def test_a_csv_row_wider_than_the_header_names_its_line(tmp_path: Path) -> None:
+    """Found by tests/test_fuzz.py: pandas turned the extra leading cells of the first
+    row into an index, and the line lookup raised TypeError."""
+    path = write(tmp_path, "w.csv", f"{PLAIN_HEADER}\n0,2,2,9\n")
+    with pytest.raises(
+        w.WorkloadError, match=r"w.csv: not a valid CSV \(Expected 3 fields in line 2"
+    ):
+        w.load_trace(path)
+    path = write(tmp_path, "d.csv", f"{PLAIN_HEADER},arrival_s\n0,2,2,1\n")
+    with pytest.raises(
+        w.WorkloadError, match=r"d.csv:1: column\(s\) arrival_s appear more than once"
+    ):
+        w.load_trace(path)
