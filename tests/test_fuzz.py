@@ -30,7 +30,10 @@ from roseinfer.simulator import cli as sim_cli
 
 FUZZ = settings(
     # NOTE: ROSE_FUZZ_EXAMPLES=2000 for a longer hunt; 120 keeps the file near 15 s.
-    max_examples=int(os.environ.get("ROSE_FUZZ_EXAMPLES", "120")), deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+    max_examples=int(os.environ.get("ROSE_FUZZ_EXAMPLES", "120")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    database=None,
 )
 FOLDER = Path(tempfile.mkdtemp(prefix="rose-fuzz-"))
 
