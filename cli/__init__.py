@@ -478,5 +478,7 @@ def run_main(prog: str, parser: argparse.ArgumentParser, body: Callable[..., Any
         if args.list_policies:
             print(registry.describe())
             return 0
+        if args.goodput:
+            parse_goodput(args.goodput)  # a bad SLO fails now, not after the run
         body(args, registry)
     return 0

@@ -175,6 +175,7 @@ def simulate(
     *,
     registry: Registry | None = None,
     jump: bool = True,
+    on_ended: Callable[[list[Sequence]], None] | None = None,
 ) -> SimResult:
-    """Run one simulation; see :class:`Simulator`."""
-    return Simulator(config, cost_model, registry, jump=jump).run(requests)
+    """Run one simulation; see :class:`Simulator` (``on_ended``: see its ``run``)."""
+    return Simulator(config, cost_model, registry, jump=jump).run(requests, on_ended)
