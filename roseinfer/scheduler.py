@@ -277,6 +277,23 @@ class Scheduler:
         ended, self._ended = self._ended, []
         return ended
 
+    def release_steps(self, min_held: int = 1 << 20) -> None:
+        """Drop the step log's steps that no waiting or running request refers to,
+        once it holds more than ``min_held`` steps (memory flat in run length).
+        Call it after the requests from :meth:`pop_ended` were recorded: their
+        token times come from the steps."""
+        log = self.step_log
+        if log.num_steps - log.first_kept_step <= min_held or self._ended:
+            return
+        oldest = log.num_steps
+        for seq in self._live.values():
+            for first, last in seq.stays:
+                step = first if first is not None else last
+                if step is not None:
+                    oldest = min(oldest, step)
+                    break
+        log.release(oldest)
+
     # ---------------------------------------------------------------- schedule
     def schedule(self, now_s: float, num_decode_steps: int = 1) -> SchedulerOutput:
         """Plan the next step.

@@ -211,7 +211,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     with _progress(len(requests), quiet=args.quiet) as on_ended:
         result = simulate(
             requests, config, cost_model, registry=registry, jump=not args.no_jump,
-            on_ended=on_ended,
+            keep_token_times=args.save_records is not None, on_ended=on_ended,
         )  # fmt: skip
     extra = {
         "backend": "sim",
@@ -228,7 +228,10 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "num_steps": result.num_steps,
     }
     title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
+    report(
+        args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+        itl=result.itl,
+    )  # fmt: skip
     if not args.quiet:
         print(
             f"simulated {len(requests)} requests, {result.num_steps} steps "
