@@ -29,6 +29,7 @@ from roseinfer.config import (
 from roseinfer.interface import AdmissionPolicy, PolicyError, PolicyOptions
 from roseinfer.metrics import (
     RECORD_SUFFIXES,
+    LogHistogram,
     check_output_path,
     format_summary,
     parse_goodput,
@@ -588,14 +589,16 @@ def report(
     duration_s: float,
     title: str,
     extra: dict[str, Any],
+    itl: LogHistogram | None = None,
 ) -> dict[str, Any]:
-    """Summarize, print the table (unless ``--quiet``) and write the files asked for.
+    """Summarize, print the table (unless ``--quiet``) and write the files asked for
+    (``itl``: the run's ITL histogram when its records carry no token times).
 
     Returns:
         The flat result dict (what ``--save-result`` writes).
     """
     goodput = parse_goodput(args.goodput) if args.goodput else None
-    summary = summarize(records, duration_s=duration_s, goodput=goodput)
+    summary = summarize(records, duration_s=duration_s, goodput=goodput, itl=itl)
     result: dict[str, Any] = {**summary, **extra}
     if not args.quiet:
         print(format_summary(summary, title))

@@ -14,6 +14,7 @@ Example::
 """
 
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
+from .histogram import LogHistogram
 from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
 from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
@@ -28,6 +29,7 @@ from .summary import (
 )
 
 __all__ = [
+    "LogHistogram",
     "COLUMNS",
     "RECORD_SUFFIXES",
     "DEFAULT_PERCENTILES",

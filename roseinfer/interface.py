@@ -193,7 +193,11 @@ class AdmissionPolicy:
             unless the list holds a single request (an oversize request goes
             alone so nothing deadlocks), and the list holds at most
             ``budget.max_seqs`` requests. Returning an empty list while nothing
-            runs stalls the run and is an error.
+            runs stalls the run and is an error. The scheduler admits in list
+            order and stops at the first request that cannot start this step
+            (KV blocks, step tokens, the partial-prefill cap); each entry is
+            checked when it is taken, so the entries after that one are never
+            looked at (a long answer costs nothing beyond what is admitted).
 
         Default: FIFO, no token limit (the ``fifo`` policy).
         """

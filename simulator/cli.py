@@ -10,10 +10,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from roseinfer.cli import (
     ArgumentParser,
@@ -30,6 +35,7 @@ from roseinfer.cli import (
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
+from roseinfer.sequence import Sequence
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile
@@ -209,7 +215,11 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
     )
-    result = simulate(requests, config, cost_model, registry=registry, jump=not args.no_jump)
+    with _progress(len(requests), quiet=args.quiet) as on_ended:
+        result = simulate(
+            requests, config, cost_model, registry=registry, jump=not args.no_jump,
+            keep_token_times=args.save_records is not None, on_ended=on_ended,
+        )  # fmt: skip
     extra = {
         "backend": "sim",
         "policy": result.policy,
@@ -225,12 +235,33 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "num_steps": result.num_steps,
     }
     title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
+    report(
+        args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+        itl=result.itl,
+    )  # fmt: skip
     if not args.quiet:
         print(
             f"simulated {len(requests)} requests, {result.num_steps} steps "
             f"in {result.wall_s:.2f} s wall"
         )
+
+
+@contextlib.contextmanager
+def _progress(num_requests: int, *, quiet: bool) -> Iterator[Callable[[list[Sequence]], None]]:
+    """A progress bar on stderr (requests ended, simulated time) that appears
+    only when a run lasts more than 2 s wall; none with ``--quiet``."""
+    with tqdm(
+        total=num_requests, desc="simulating", unit="req", disable=quiet, delay=2.0,
+        file=sys.stderr, mininterval=0.5,
+    ) as bar:  # fmt: skip
+
+        def on_ended(seqs: list[Sequence]) -> None:
+            bar.update(len(seqs))
+            last = seqs[-1].finish_s
+            if last is not None and bar.n % 512 < len(seqs):
+                bar.set_postfix_str(f"sim time {last:,.0f} s", refresh=False)
+
+        yield on_ended
 
 
 def main() -> int:
