@@ -121,11 +121,12 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
     """KV blocks from ``--kv-cache-memory-gb`` or from device memory left after weights.
 
     Raises:
-        CliError: if the weights alone do not fit the device.
+        CliError: if the weights alone do not fit the device, or the memory holds no block.
     """
+    block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
     if args.kv_cache_memory_gb is not None:
         num_bytes = args.kv_cache_memory_gb * 2**30
-        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
+        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size)
     num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
     if num_bytes <= 0:
         raise CliError(
@@ -133,7 +134,7 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
             f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
         )
     source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
-    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size, source)
+    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size, source)
 
 
 @dataclass(frozen=True)

@@ -538,3 +538,17 @@ def test_a_csv_row_wider_than_the_header_names_its_line(tmp_path: Path) -> None:
         w.WorkloadError, match=r"d.csv:1: column\(s\) arrival_s appear more than once"
     ):
         w.load_trace(path)
+
+
+def test_sim_default_pool_with_the_parser_default_block_size() -> None:
+    """benchmarks/sim_speed.py's child calls default_num_kv_blocks on parsed flags,
+    whose block size is None until a setup fills it: that was a TypeError."""
+    from roseinfer.simulator.cli import build_parser, default_num_kv_blocks
+    from roseinfer.simulator.specs import get_device_spec, get_model_spec
+
+    args = build_parser().parse_args([])
+    model, device = get_model_spec("llama-3.1-8b"), get_device_spec("h100-sxm")
+    args16 = build_parser().parse_args(["--block-size", "16"])
+    assert default_num_kv_blocks(args, model, device) == default_num_kv_blocks(
+        args16, model, device
+    )
