@@ -9,6 +9,7 @@ command name. Bad input ends with one ``error:`` line, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,10 +52,15 @@ class ArgumentParser(argparse.ArgumentParser):
         _die(self.prog, f"{message} (see {self.prog} --help)")
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """Add the workload, policy, scheduler and output flags to ``parser``."""
+def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None = None) -> None:
+    """Add the workload, policy, scheduler and output flags to ``parser``, and one
+    flag per typed option a registered plugin declares (``option_specs``)."""
     _add_workload_args(parser.add_argument_group("workload"))
     _add_policy_args(parser.add_argument_group("policy"))
+    _add_plugin_option_args(
+        parser.add_argument_group("policy options (declared by the plugins; see --list-policies)"),
+        registry if registry is not None else load_registry(),
+    )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
     _add_output_args(parser.add_argument_group("output"))
 
@@ -138,11 +144,25 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra knob for a third-party policy (repeatable)",
+        help="a knob a plugin declares, as KEY=VALUE (repeatable; an unknown key is an error)",
     )
     g.add_argument(
         "--list-policies", action="store_true", help="list every registered policy and exit"
     )
+
+
+def _add_plugin_option_args(g: argparse._ArgumentGroup, registry: Registry) -> None:
+    for spec in registry.all_option_specs().values():
+        choices = f" ({', '.join(map(str, spec.choices))})" if spec.choices else ""
+        kwargs: dict[str, Any] = {"dest": spec.name, "default": None, "help": spec.help + choices}
+        if spec.type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = spec.type.__name__.upper()
+        try:
+            g.add_argument(spec.flag, **kwargs)
+        except argparse.ArgumentError:
+            pass  # clashes with a built-in flag: reachable through --policy-arg only
 
 
 def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
@@ -355,18 +375,51 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
             f"policy {args.policy!r} ignores --prefill-max-tokens; policies with a token "
             f"budget: {', '.join(users)}"
         )
-    extra = {}
+    options = PolicyOptions(
+        lookahead=args.lookahead if args.lookahead is not None else 64,
+        force_fifo_every=args.force_fifo_every,
+        chunk_head=args.chunk_head,
+        extra=_plugin_options(args, registry),
+    )
+    return _checked_plugin_options(args, registry, options)
+
+
+def _plugin_options(args: argparse.Namespace, registry: Registry) -> dict[str, Any]:
+    """Plugin knobs from their flags, then ``--policy-arg`` (strings, converted later)."""
+    extra: dict[str, Any] = {}
+    for name in registry.all_option_specs():
+        value = getattr(args, name, None)
+        if value is not None:
+            extra[name] = value
     for item in args.policy_arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CliError(f"--policy-arg takes KEY=VALUE, got {item!r}")
-        extra[key] = value
-    return PolicyOptions(
-        lookahead=args.lookahead if args.lookahead is not None else 64,
-        force_fifo_every=args.force_fifo_every,
-        chunk_head=args.chunk_head,
-        extra=extra,
-    )
+        extra[key.strip().replace("-", "_")] = value
+    return extra
+
+
+def _checked_plugin_options(
+    args: argparse.Namespace, registry: Registry, options: PolicyOptions
+) -> PolicyOptions:
+    """``options`` with every plugin knob typed; a knob no plugin of the run reads
+    is an error naming the knobs it does read."""
+    loop_order = scheduler_knobs(args)["loop_order"]
+    run_specs = {s.name: s for s in registry.option_specs(args.policy, loop_order, options)}
+    typed: dict[str, Any] = {}
+    for key, value in options.extra.items():
+        spec = run_specs.get(key)
+        if spec is None:
+            known = ", ".join(sorted(run_specs)) or "none"
+            raise CliError(
+                f"no plugin of this run reads {key!r} (--{key.replace('_', '-')} or --policy-arg); "
+                f"policy {args.policy!r} with loop order {loop_order!r} reads: {known}"
+            )
+        try:
+            typed[key] = spec.convert(value)
+        except ValueError as err:
+            raise CliError(str(err)) from None
+    return dataclasses.replace(options, extra=typed)
 
 
 def scheduler_config(

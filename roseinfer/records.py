@@ -19,7 +19,7 @@ from collections.abc import Sequence as SequenceABC
 import numpy as np
 import pandas as pd
 
-from roseinfer.metrics.schema import COLUMNS
+from roseinfer.metrics.schema import COLUMNS, OPTIONAL_COLUMNS
 from roseinfer.sequence import SeqStatus, Sequence
 
 
@@ -96,7 +96,7 @@ class RecordBuilder:
 
     def __init__(self, *, keep_token_ids: bool = False) -> None:
         self.keep_token_ids = keep_token_ids
-        self._rows: dict[str, list] = {name: [] for name in COLUMNS}
+        self._rows: dict[str, list] = {name: [] for name in (*COLUMNS, *OPTIONAL_COLUMNS)}
         self._order: list[int] = []  # submission index of each row
         self._lock = threading.Lock()
         if keep_token_ids:
@@ -136,6 +136,8 @@ class RecordBuilder:
         rows["num_preemptions"].append(seq.num_preemptions)
         rows["stop_reason"].append(seq.stop_reason)
         rows["token_times_s"].append(times)
+        rows["priority"].append(req.priority)
+        rows["deadline_s"].append(np.nan if req.deadline_s is None else req.deadline_s)
         if self.keep_token_ids:
             rows["prompt_token_ids"].append(list(req.prompt_token_ids or ()))
             rows["output_token_ids"].append(list(seq.output_token_ids))

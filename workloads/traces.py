@@ -10,7 +10,8 @@ request at 0.0 s. Three trace formats are read (see ``../shared/traces/README.md
   ``output_length``, ``hash_ids`` (one id per 512-token prompt block).
   Source: kvcache-ai/Mooncake ``FAST25-release/traces``.
 - ``plain``: CSV or JSONL with ``arrival_s, prompt_tokens, output_tokens`` and
-  optional ``tenant``, ``request_id``.
+  optional ``tenant``, ``request_id``, ``priority`` (int, lower is more urgent)
+  and ``deadline_s`` (first-token deadline, s after arrival; empty: none).
 
 Bad input raises :class:`WorkloadError` whose message names ``file:line``, the
 field, and what was expected. Nothing is read or computed at import time.
@@ -224,7 +225,23 @@ def _load_plain_csv(path: Path) -> list[Request]:
     tenants = None
     if "tenant" in df.columns:
         tenants = [t.strip() or None for t in df["tenant"]]
-    return _build(ids, arrival_s, prompt, output, tenants=tenants)
+    return _build(ids, arrival_s, prompt, output, tenants=tenants, **_classes_csv(path, df))
+
+
+def _classes_csv(path: Path, df: pd.DataFrame) -> dict[str, Any]:
+    """The optional ``priority`` and ``deadline_s`` columns (an empty deadline: none)."""
+    out: dict[str, Any] = {}
+    if "priority" in df.columns:
+        values = pd.to_numeric(df["priority"].str.strip(), errors="coerce")
+        _bad_row(path, df, "priority", ~np.isfinite(values) | (values % 1 != 0), "an integer")
+        out["priorities"] = values.to_numpy(dtype=np.int64)
+    if "deadline_s" in df.columns:
+        text = df["deadline_s"].str.strip()
+        values = pd.to_numeric(text, errors="coerce")
+        bad = (text != "") & ~(values > 0)
+        _bad_row(path, df, "deadline_s", bad, "a positive number of seconds or empty")
+        out["deadlines"] = [None if t == "" else float(v) for t, v in zip(text, values)]
+    return out
 
 
 # -------------------------------------------------------------- JSONL input
@@ -292,6 +309,8 @@ def _load_mooncake(path: Path) -> list[Request]:
 def _load_plain_jsonl(path: Path) -> list[Request]:
     ids: list[str] = []
     times, prompt, output, tenants = [], [], [], []
+    priorities: list[int] = []
+    deadlines: list[float | None] = []
     for n, (line_no, row) in enumerate(_json_rows(path)):
         rid = str(row.get("request_id", f"{path.stem}-{n}"))
         if rid in ids:
@@ -301,9 +320,27 @@ def _load_plain_jsonl(path: Path) -> list[Request]:
         prompt.append(int(_field(path, line_no, row, "prompt_tokens", "positive")))
         output.append(int(_field(path, line_no, row, "output_tokens", "positive")))
         tenants.append(None if row.get("tenant") is None else str(row["tenant"]))
+        priorities.append(_optional(path, line_no, row, "priority", int))
+        deadlines.append(_optional(path, line_no, row, "deadline_s", float))
     if not ids:
         raise WorkloadError(f"{path}: no rows; the trace is empty")
-    return _build(ids, np.array(times), np.array(prompt), np.array(output), tenants=tenants)
+    return _build(
+        ids, np.array(times), np.array(prompt), np.array(output), tenants=tenants,
+        priorities=np.array(priorities, dtype=np.int64), deadlines=deadlines,
+    )
+
+
+def _optional(path: Path, line_no: int, row: dict[str, Any], key: str, kind: type) -> Any:
+    """``priority`` (an integer, default 0) or ``deadline_s`` (> 0 s, default None)."""
+    value = row.get(key)
+    if value is None:
+        return 0 if kind is int else None
+    is_num = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int and not (is_num and float(value).is_integer()):
+        raise WorkloadError(f"{path}:{line_no}: {key} must be an integer, got {value!r}")
+    if kind is float and not (is_num and value > 0):
+        raise WorkloadError(f"{path}:{line_no}: {key} must be a positive number of seconds, got {value!r}")
+    return kind(value)
 
 
 def _build(
@@ -314,6 +351,8 @@ def _build(
     *,
     tenants: Sequence[str | None] | None = None,
     hash_ids: Sequence[tuple[int, ...]] | None = None,
+    priorities: np.ndarray | None = None,
+    deadlines: Sequence[float | None] | None = None,
 ) -> list[Request]:
     """Requests in arrival order (stable), times re-based to the earliest."""
     rel_s = arrival_s - arrival_s.min()
@@ -326,6 +365,8 @@ def _build(
             prefix_hash_ids=None if hash_ids is None else hash_ids[i],
             prefix_hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
             tenant=None if tenants is None else tenants[i],
+            priority=0 if priorities is None else int(priorities[i]),
+            deadline_s=None if deadlines is None else deadlines[i],
         )
         for i in np.argsort(rel_s, kind="stable")
     ]
