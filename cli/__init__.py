@@ -29,6 +29,9 @@ from roseinfer.interface import PolicyError, PolicyOptions
 from roseinfer.metrics import (
     format_summary,
     parse_goodput,
+    per_class,
+    per_tenant,
+    service_fairness,
     summarize,
     write_records,
     write_result,
@@ -494,14 +497,41 @@ def report(
     """
     goodput = parse_goodput(args.goodput) if args.goodput else None
     summary = summarize(records, duration_s=duration_s, goodput=goodput)
-    result: dict[str, Any] = {**summary, **extra}
+    groups, tables = _group_results(records, goodput)
+    result: dict[str, Any] = {**summary, **extra, **groups}
     if not args.quiet:
         print(format_summary(summary, title))
+        for table in tables:
+            print(table)
     if args.save_result is not None:
         write_result(result, args.save_result)
     if args.save_records is not None:
         write_records(records, args.save_records)
     return result
+
+
+def _group_results(
+    records: pd.DataFrame, goodput: dict[str, float] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Per-tenant and per-priority-class figures when the run has several: flat
+    keys for the result file, and the tables as text."""
+    out: dict[str, Any] = {}
+    tables: list[str] = []
+    if records["tenant"].nunique(dropna=False) > 1:
+        table = per_tenant(records)
+        out["jain_service_fairness"] = service_fairness(records)
+        for row in table.itertuples():
+            out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
+        tables.append("per tenant:\n" + table.round(1).to_string(index=False))
+    has_deadlines = "deadline_s" in records and records["deadline_s"].notna().any()
+    if "priority" in records and (records["priority"].nunique() > 1 or has_deadlines):
+        table = per_class(records, goodput=goodput)
+        for row in table.to_dict("records"):
+            for key in ("p99_ttft_ms", "slo_attainment", "request_goodput"):
+                if key in row:
+                    out[f"class_{row['class']}_{key}"] = row[key]
+        tables.append("per priority class:\n" + table.round(3).to_string(index=False))
+    return out, tables
 
 
 # ----------------------------------------------------------------- errors
