@@ -39,7 +39,12 @@ from roseinfer.metrics import (
 from roseinfer.registry import Registry, UnknownPolicyError, load_registry
 from roseinfer.request import Request
 
-WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_WORKLOADS))
+WORKLOADS = (
+    "azure-conv-sample",
+    "synthetic",
+    "two-tenant",
+    *(f"seed-{n}" for n in workloads.SEED_WORKLOADS),
+)
 
 
 class CliError(ValueError):
@@ -82,7 +87,8 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         "--workload",
         choices=WORKLOADS,
         help="built-in workload when no --trace: the embedded Azure conv sample "
-        "(default), a seed experiment, or 'synthetic' (the knobs below)",
+        "(default), a seed experiment, 'synthetic' (the knobs below), or 'two-tenant' "
+        "(tenants heavy at 20 req/s and light at 2 req/s for 120 s, same lengths)",
     )
     g.add_argument("--num-requests", type=int, help="use the first N requests")
     g.add_argument("--start-s", type=float, help="skip requests arriving before this time (s)")
@@ -262,6 +268,8 @@ def build_workload(args: argparse.Namespace) -> tuple[list[Request], str]:
         name = str(args.trace)
     elif args.workload in (None, "azure-conv-sample"):
         reqs, name = workloads.load_default_trace(), workloads.DEFAULT_TRACE_NAME
+    elif args.workload == "two-tenant":
+        reqs, name = workloads.two_tenant(seed=args.seed), args.workload
     else:
         reqs, name = _synthetic(args), args.workload
     reqs = workloads.select(
@@ -311,7 +319,7 @@ def _check_workload_flags(args: argparse.Namespace) -> None:
     if args.trace is not None and args.workload is not None:
         raise CliError("give either --trace or --workload, not both")
     synthetic_flags = ("prompt_tokens", "prompt_repeats", "output_tokens", "submit_interval_ms")
-    is_synthetic = args.workload not in (None, "azure-conv-sample")
+    is_synthetic = args.workload not in (None, "azure-conv-sample", "two-tenant")
     for flag in synthetic_flags:
         if getattr(args, flag) is not None and not is_synthetic:
             raise CliError(
