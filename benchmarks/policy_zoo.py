@@ -50,7 +50,9 @@ def write_trace(reqs: list, path: Path) -> None:
         f.write("arrival_s,prompt_tokens,output_tokens,tenant,priority\n")
         for r in reqs:
             tenant = r.tenant or ""
-            f.write(f"{r.arrival_time_s:.4f},{r.num_prompt_tokens},{r.max_output_tokens},{tenant},{r.priority}\n")
+            f.write(
+                f"{r.arrival_time_s:.4f},{r.num_prompt_tokens},{r.max_output_tokens},{tenant},{r.priority}\n"
+            )
 
 
 def fairness(tmp: Path) -> None:
@@ -74,7 +76,9 @@ def fairness_real(tmp: Path) -> None:
     write_trace(workloads.groups(specs, 3.0, seed=1), trace)
     base = ["rose-run", "--model", "tiny-llama", "--device", "cpu", "--trace", str(trace)]
     for policy in ("fifo", "vtc"):
-        df = run([*base, "--max-num-seqs", "8", "--policy", policy, "--quiet"], tmp / f"run-{policy}.csv")
+        df = run(
+            [*base, "--max-num-seqs", "8", "--policy", policy, "--quiet"], tmp / f"run-{policy}.csv"
+        )
         print(
             f"  rose-run {policy}: light p99 TTFT {p99_ttft_ms(df[df.tenant == 'light']):.0f} ms, "
             f"heavy {p99_ttft_ms(df[df.tenant == 'heavy']):.0f} ms"
@@ -86,7 +90,9 @@ def priority(tmp: Path) -> None:
     rng, t, rows = random.Random(5), 0.0, []
     for _ in range(3000):
         t += rng.expovariate(25.0)
-        rows.append((t, rng.randint(200, 1500), rng.randint(50, 300), 0 if rng.random() < 0.1 else 1))
+        rows.append(
+            (t, rng.randint(200, 1500), rng.randint(50, 300), 0 if rng.random() < 0.1 else 1)
+        )
     trace = tmp / "prio.csv"
     trace.write_text(
         "arrival_s,prompt_tokens,output_tokens,priority\n"
@@ -95,8 +101,10 @@ def priority(tmp: Path) -> None:
     for policy in ("fifo", "priority"):
         df = run([*SIM, "--trace", str(trace), "--policy", policy], tmp / f"prio-{policy}.csv")
         urgent, other = p99_ttft_ms(df[df.priority == 0]), p99_ttft_ms(df[df.priority != 0])
-        print(f"  {policy}: urgent p99 TTFT {urgent:.0f} ms, others {other:.0f} ms, "
-              f"preemptions {int(df.num_preemptions.sum())}")
+        print(
+            f"  {policy}: urgent p99 TTFT {urgent:.0f} ms, others {other:.0f} ms, "
+            f"preemptions {int(df.num_preemptions.sum())}"
+        )
 
 
 def length_aware(tmp: Path) -> None:
@@ -113,8 +121,10 @@ def length_aware(tmp: Path) -> None:
     gain = means["fifo"] - means["sjf+oracle"]
     for label, mean in means.items():
         kept = (means["fifo"] - mean) / gain if gain else float("nan")
-        print(f"  {label:<18} mean E2EL {mean:8.0f} ms  ({mean / means['fifo'] - 1:+.1%} vs fifo; "
-              f"{kept:.0%} of the oracle's gain)")
+        print(
+            f"  {label:<18} mean E2EL {mean:8.0f} ms  ({mean / means['fifo'] - 1:+.1%} vs fifo; "
+            f"{kept:.0%} of the oracle's gain)"
+        )
 
 
 def main() -> int:
@@ -123,11 +133,15 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        print("1. two tenants, rose-sim"); fairness(tmp)  # noqa: E702
+        print("1. two tenants, rose-sim")
+        fairness(tmp)  # noqa: E702
         if not args.no_run:
-            print("2. two tenants, rose-run tiny-llama cpu"); fairness_real(tmp)  # noqa: E702
-        print("3. priority under overload, rose-sim"); priority(tmp)  # noqa: E702
-        print("4. sjf on Azure conv @ 10 req/s, rose-sim"); length_aware(tmp)  # noqa: E702
+            print("2. two tenants, rose-run tiny-llama cpu")
+            fairness_real(tmp)  # noqa: E702
+        print("3. priority under overload, rose-sim")
+        priority(tmp)  # noqa: E702
+        print("4. sjf on Azure conv @ 10 req/s, rose-sim")
+        length_aware(tmp)  # noqa: E702
     return 0
 
 

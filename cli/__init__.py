@@ -9,6 +9,7 @@ command name. Bad input ends with one ``error:`` line, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
@@ -168,10 +169,9 @@ def _add_plugin_option_args(g: argparse._ArgumentGroup, registry: Registry) -> N
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["metavar"] = spec.type.__name__.upper()
-        try:
+        # a name that clashes with a built-in flag stays reachable through --policy-arg
+        with contextlib.suppress(argparse.ArgumentError):
             g.add_argument(spec.flag, **kwargs)
-        except argparse.ArgumentError:
-            pass  # clashes with a built-in flag: reachable through --policy-arg only
 
 
 def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:

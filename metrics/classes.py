@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from .fairness import NO_TENANT, jain_index
-from .summary import _check_slos, _num_good
 from .schema import validate_records
+from .summary import _check_slos, _num_good
 
 VTC_WEIGHTS = (1.0, 2.0)
 """(input, output) token weights of service, VTC's defaults (Sheng et al., OSDI 2024)."""
@@ -26,7 +26,9 @@ VTC_WEIGHTS = (1.0, 2.0)
 
 def _labels(df: pd.DataFrame, by: str) -> pd.Series:
     if by not in df.columns:
-        raise ValueError(f"records have no {by!r} column; classes need it (e.g. 'priority', 'tenant')")
+        raise ValueError(
+            f"records have no {by!r} column; classes need it (e.g. 'priority', 'tenant')"
+        )
     col = df[by].astype(object)
     return col.where(col.notna(), NO_TENANT).astype(str)
 

@@ -36,10 +36,14 @@ class LongestPrefixMatch(AdmissionPolicy):
         ),
     )
 
+    def __init__(self, options=None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(options)
+        self._aging_s = float(self.opt("lpm_aging_s"))
+
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[int, float, int]:
         """(0, arrival, id) when aged, else (1, -cached prompt tokens, id)."""
         arrival = seq.request.arrival_time_s
-        if ctx.now_s - arrival >= self.opt("lpm_aging_s"):
+        if ctx.now_s - arrival >= self._aging_s:
             return (0, arrival, seq.seq_id)
         return (1, -float(seq.num_tokens - ctx.cost(seq)), seq.seq_id)
 

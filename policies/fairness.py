@@ -62,7 +62,9 @@ class VirtualTokenCounter(AdmissionPolicy):
         self._last_left = 0.0
         self._weights = (self.opt("vtc_input_weight"), self.opt("vtc_output_weight"))
         if min(self._weights) < 0:
-            raise ValueError(f"--vtc-input-weight/--vtc-output-weight must be >= 0, got {self._weights}")
+            raise ValueError(
+                f"--vtc-input-weight/--vtc-output-weight must be >= 0, got {self._weights}"
+            )
 
     def observe_step(self, report: StepReport) -> None:
         """Charge every tenant for the tokens its requests computed."""
@@ -91,7 +93,10 @@ class VirtualTokenCounter(AdmissionPolicy):
         for seq in waiting:
             queues.setdefault(seq.request.tenant, []).append(seq)
         self._lift(queues)
-        heap = [(self.counters[t], q[0].request.arrival_time_s, q[0].seq_id, t) for t, q in queues.items()]
+        heap = [
+            (self.counters[t], q[0].request.arrival_time_s, q[0].seq_id, t)
+            for t, q in queues.items()
+        ]
         heapq.heapify(heap)
         taken = dict.fromkeys(queues, 0)
         selected: list[Choice] = []

@@ -9,7 +9,7 @@ submission). Requests asked for in vLLM RFC #29406 and SGLang #10063.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from roseinfer import hookimpl
 from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext, PolicyOption
@@ -25,7 +25,7 @@ class LengthAware(AdmissionPolicy):
     uses_token_budget = True
     uses_chunk_head = True
     uses_length_predictor = True
-    option_specs: tuple[PolicyOption, ...] = (LENGTH_PREDICTOR_OPTION,)
+    option_specs: ClassVar[tuple[PolicyOption, ...]] = (LENGTH_PREDICTOR_OPTION,)
     guarantees = ("ranked-prefix",)
     predictor: LengthPredictor
 
@@ -134,9 +134,15 @@ class HighestResponseRatio(LengthAware):
         ),
     )
 
+    def __init__(self, options=None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(options)
+        self._decode_s = self.opt("hrrn_decode_ms") / 1e3
+        if not self._decode_s > 0:
+            raise ValueError(f"--hrrn-decode-ms must be > 0, got {self._decode_s * 1e3}")
+
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[float, int]:
         """(-response ratio, seq_id)."""
-        service_s = self.predicted(seq) * self.opt("hrrn_decode_ms") / 1e3
+        service_s = self.predicted(seq) * self._decode_s
         wait_s = max(ctx.now_s - seq.request.arrival_time_s, 0.0)
         return (-(wait_s + service_s) / service_s, seq.seq_id)
 

@@ -47,9 +47,14 @@ class NoisyOracle(LengthPredictor):
     description = "true length x lognormal(0, sigma) error, seeded per request"
     option_specs = (
         PolicyOption(
-            "length_predictor_sigma", float, 0.5, "noisy-oracle: sigma of the log error (default 0.5)"
+            "length_predictor_sigma",
+            float,
+            0.5,
+            "noisy-oracle: sigma of the log error (default 0.5)",
         ),
-        PolicyOption("length_predictor_seed", int, 0, "noisy-oracle: seed of the errors (default 0)"),
+        PolicyOption(
+            "length_predictor_seed", int, 0, "noisy-oracle: seed of the errors (default 0)"
+        ),
     )
 
     def predict(self, request: Request) -> float:
@@ -96,9 +101,7 @@ class Bucket(LengthPredictor):
         """
         fraction = self.opt("length_predictor_train_fraction")
         if not 0 < fraction <= 1:
-            raise ValueError(
-                f"--length-predictor-train-fraction must be in (0, 1], got {fraction}"
-            )
+            raise ValueError(f"--length-predictor-train-fraction must be in (0, 1], got {fraction}")
         train = requests[: max(1, int(len(requests) * fraction))]
         if not train:
             return

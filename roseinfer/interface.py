@@ -132,9 +132,7 @@ class PolicyOption:
             if isinstance(value, str):
                 value = parse_bool(value) if self.type is bool else self.type(value)
         except ValueError:
-            raise ValueError(
-                f"{self.flag} takes a {self.type.__name__}, got {value!r}"
-            ) from None
+            raise ValueError(f"{self.flag} takes a {self.type.__name__}, got {value!r}") from None
         if self.choices is not None and value not in self.choices:
             known = ", ".join(map(str, self.choices))
             raise ValueError(f"{self.flag} must be one of {known}, got {value!r}")

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import pluggy
 
 from roseinfer import hookspecs
-from typing import Any
-
 from roseinfer.interface import (
     AdmissionPolicy,
     ComposedPolicy,
@@ -82,7 +81,9 @@ class Registry:
         """
         return _lookup(self.predictors, name, "length predictor", "--length-predictor")
 
-    def option_specs(self, policy: str, loop_order: str, options: PolicyOptions) -> list[PolicyOption]:
+    def option_specs(
+        self, policy: str, loop_order: str, options: PolicyOptions
+    ) -> list[PolicyOption]:
         """The typed options a run with these choices reads (policy, its
         predictor when it uses one, loop order, enabled wrappers).
 
@@ -203,9 +204,10 @@ def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
 
 
 def _add(table: dict[str, Entry], cls: Any, plugin: str, kind: type) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, kind)) or not cls.name:
+    name = getattr(cls, "name", "")
+    if not (isinstance(cls, type) and issubclass(cls, kind)) or not name:
         raise ValueError(f"plugin {plugin} registered {cls!r}: not a {kind.__name__} with a name")
-    if cls.name in table:
-        other = table[cls.name].plugin
-        raise ValueError(f"plugins {other} and {plugin} both register {cls.name!r}")
-    table[cls.name] = Entry(cls, plugin)
+    if name in table:
+        other = table[name].plugin
+        raise ValueError(f"plugins {other} and {plugin} both register {name!r}")
+    table[name] = Entry(cls, plugin)

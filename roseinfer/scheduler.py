@@ -424,7 +424,9 @@ class Scheduler:
         where = f"policy {self.policy_name!r}"
         if self.policy.may_drop:
             ctx = self._context(now_s)
-            for seq in self._named(self.policy.drop(_WaitingView(self.waiting), ctx), where, "drop"):
+            for seq in self._named(
+                self.policy.drop(_WaitingView(self.waiting), ctx), where, "drop"
+            ):
                 if seq.status is not SeqStatus.WAITING:
                     raise PolicyError(f"{where} asked to drop {seq!r}, which is not waiting")
                 self.waiting.remove(seq)
@@ -447,7 +449,9 @@ class Scheduler:
         seen: set[int] = set()
         for seq in answer:
             if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
-                raise PolicyError(f"{where} asked to {what} {seq!r}, which this scheduler does not hold")
+                raise PolicyError(
+                    f"{where} asked to {what} {seq!r}, which this scheduler does not hold"
+                )
             if seq.seq_id in seen:
                 raise PolicyError(f"{where} asked to {what} {seq!r} twice")
             seen.add(seq.seq_id)

@@ -34,7 +34,9 @@ def drive(sched, reqs, max_steps=10_000):  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------ traces
 def test_plain_csv_and_jsonl_read_priority_and_deadline(tmp_path) -> None:
     csv = tmp_path / "t.csv"
-    csv.write_text("arrival_s,prompt_tokens,output_tokens,tenant,priority,deadline_s\n0,5,2,a,0,1.5\n1,5,2,b,2,\n")
+    csv.write_text(
+        "arrival_s,prompt_tokens,output_tokens,tenant,priority,deadline_s\n0,5,2,a,0,1.5\n1,5,2,b,2,\n"
+    )
     a, b = load_trace(csv)
     assert (a.priority, a.deadline_s, b.priority, b.deadline_s) == (0, 1.5, 2, None)
     jsonl = tmp_path / "t.jsonl"
@@ -48,8 +50,10 @@ def test_plain_csv_and_jsonl_read_priority_and_deadline(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("row", "message"),
-    [("0,5,2,x,1", "t.csv:2: priority must be an integer, got 'x'"),
-     ("0,5,2,1,-3", "t.csv:2: deadline_s must be a positive number")],
+    [
+        ("0,5,2,x,1", "t.csv:2: priority must be an integer, got 'x'"),
+        ("0,5,2,1,-3", "t.csv:2: deadline_s must be a positive number"),
+    ],
 )
 def test_bad_class_columns_name_the_line(tmp_path, row, message) -> None:
     path = tmp_path / "t.csv"
@@ -59,8 +63,12 @@ def test_bad_class_columns_name_the_line(tmp_path, row, message) -> None:
 
 
 def test_groups_set_fields_and_two_tenant_ratio() -> None:
-    reqs = groups([GroupSpec("u", 5, tenant="t", priority=0, deadline_s=1.0), GroupSpec("v", 5)], 10, seed=1)
-    assert {(r.tenant, r.priority, r.deadline_s) for r in reqs if r.request_id.startswith("u")} == {("t", 0, 1.0)}
+    reqs = groups(
+        [GroupSpec("u", 5, tenant="t", priority=0, deadline_s=1.0), GroupSpec("v", 5)], 10, seed=1
+    )
+    assert {(r.tenant, r.priority, r.deadline_s) for r in reqs if r.request_id.startswith("u")} == {
+        ("t", 0, 1.0)
+    }
     tt = two_tenant(duration_s=60)
     heavy = sum(r.tenant == "heavy" for r in tt)
     assert 7 < heavy / (len(tt) - heavy) < 14
@@ -80,7 +88,10 @@ def test_predictors() -> None:
     bucket = reg.predictor("bucket")(PolicyOptions(extra={"length_predictor_train_fraction": 0.5}))
     train = [Request(f"t{i}", i, 100 if i % 2 else 2000, 10 if i % 2 else 500) for i in range(8)]
     bucket.fit(train + [Request("late", 9, 100, 9999)] * 0)
-    assert bucket.predict(Request("y", 0, 120, 1)) == 10 and bucket.predict(Request("z", 0, 1800, 1)) == 500
+    assert (
+        bucket.predict(Request("y", 0, 120, 1)) == 10
+        and bucket.predict(Request("z", 0, 1800, 1)) == 500
+    )
 
 
 # -------------------------------------------------------------- the hooks
@@ -144,10 +155,14 @@ def test_priority_preempts_a_less_urgent_running_request() -> None:
 
 
 def test_edf_serves_by_deadline_and_drops_late_with_the_flag() -> None:
-    reqs = [req(0, 8, 30)] + [req(i, 8, 2, arrival=0.5, deadline_s=d) for i, d in ((1, 50.0), (2, 1.0), (3, 40.0))]
+    reqs = [req(0, 8, 30)] + [
+        req(i, 8, 2, arrival=0.5, deadline_s=d) for i, d in ((1, 50.0), (2, 1.0), (3, 40.0))
+    ]
     for drop in (False, True):
         opts = PolicyOptions(extra={"drop_late": drop})
-        df = drive(make_scheduler(load_registry(), policy="edf", max_num_seqs=1, options=opts), reqs)
+        df = drive(
+            make_scheduler(load_registry(), policy="edf", max_num_seqs=1, options=opts), reqs
+        )
         df = df.set_index("request_id")
         assert df.loc["r3", "first_token_s"] < df.loc["r1", "first_token_s"]
         assert (df.loc["r2", "status"] == "rejected") == drop  # late once r0 runs 30 steps
@@ -158,9 +173,15 @@ def test_edf_serves_by_deadline_and_drops_late_with_the_flag() -> None:
 def test_sjf_oracle_beats_fifo_mean_latency_and_none_is_fifo() -> None:
     reqs = [req(i, 8, out, arrival=0.0) for i, out in enumerate([40, 2, 30, 3, 20, 1])]
     means = {}
-    for label, policy, predictor in (("fifo", "fifo", None), ("sjf", "sjf", "oracle"), ("none", "sjf", "none")):
+    for label, policy, predictor in (
+        ("fifo", "fifo", None),
+        ("sjf", "sjf", "oracle"),
+        ("none", "sjf", "none"),
+    ):
         extra = {"length_predictor": predictor} if predictor else {}
-        sched = make_scheduler(load_registry(), policy=policy, max_num_seqs=1, options=PolicyOptions(extra=extra))
+        sched = make_scheduler(
+            load_registry(), policy=policy, max_num_seqs=1, options=PolicyOptions(extra=extra)
+        )
         df = drive(sched, reqs)
         means[label] = (df.finish_s - df.arrival_s).mean()
     assert means["sjf"] < means["fifo"] == means["none"]
@@ -184,7 +205,9 @@ def test_lpm_prefers_cached_prefixes() -> None:
         Request("cold", 0.1, 18, 2, prompt_token_ids=tuple(range(200, 218))),
         Request("warm1", 0.2, 18, 2, prompt_token_ids=shared + (92, 93)),
     ]
-    df = drive(make_scheduler(load_registry(), policy="lpm", max_num_seqs=1), reqs).set_index("request_id")
+    df = drive(make_scheduler(load_registry(), policy="lpm", max_num_seqs=1), reqs).set_index(
+        "request_id"
+    )
     assert df.loc["warm1", "admitted_s"] < df.loc["cold", "admitted_s"]
 
 
@@ -202,9 +225,18 @@ def rose_sim(monkeypatch, capsys, *args):  # type: ignore[no-untyped-def]
     ("args", "message"),
     [
         (["--policy", "sjf", "--policy-arg", "nope=1"], "no plugin of this run reads 'nope'"),
-        (["--policy", "fifo", "--vtc-output-weight", "3"], "no plugin of this run reads 'vtc_output_weight'"),
-        (["--policy", "hrrn", "--hrrn-decode-ms", "fast"], "--hrrn-decode-ms takes a float, got 'fast'"),
-        (["--policy", "sjf", "--length-predictor", "psychic"], "unknown length predictor 'psychic'"),
+        (
+            ["--policy", "fifo", "--vtc-output-weight", "3"],
+            "no plugin of this run reads 'vtc_output_weight'",
+        ),
+        (
+            ["--policy", "hrrn", "--hrrn-decode-ms", "fast"],
+            "--hrrn-decode-ms takes a float, got 'fast'",
+        ),
+        (
+            ["--policy", "sjf", "--length-predictor", "psychic"],
+            "unknown length predictor 'psychic'",
+        ),
     ],
 )
 def test_plugin_option_errors_are_one_line(monkeypatch, capsys, args, message) -> None:
@@ -215,9 +247,25 @@ def test_plugin_option_errors_are_one_line(monkeypatch, capsys, args, message) -
 @pytest.mark.parametrize(
     "args",
     [
-        ["--policy", "sjf", "--length-predictor", "bucket", "--length-predictor-train-fraction", "0.5"],
-        ["--policy", "srpt", "--policy-arg", "length_predictor=noisy-oracle", "--loop-order", "mixed",
-         "--enable-chunked-prefill", "--max-num-batched-tokens", "512"],
+        [
+            "--policy",
+            "sjf",
+            "--length-predictor",
+            "bucket",
+            "--length-predictor-train-fraction",
+            "0.5",
+        ],
+        [
+            "--policy",
+            "srpt",
+            "--policy-arg",
+            "length_predictor=noisy-oracle",
+            "--loop-order",
+            "mixed",
+            "--enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            "512",
+        ],
         ["--policy", "vtc", "--vtc-output-weight", "3", "--force-fifo-every", "4"],
         ["--policy", "edf", "--drop-late", "--loop-order", "decode-first"],
         ["--policy", "lpm", "--lpm-aging-s", "1", "--loop-order", "prefill-priority"],

@@ -376,8 +376,10 @@ def test_no_request_is_admitted_twice_per_stay(reqs: list[Request], cfg: dict) -
     run(sched, reqs)
     for seq in sched.pop_ended():
         stays[seq.seq_id] = len(seq.stays)
-        assert admissions.get(seq.seq_id, 0) == len(seq.stays) == (
-            seq.num_preemptions + 1 if seq.stays else 0
+        assert (
+            admissions.get(seq.seq_id, 0)
+            == len(seq.stays)
+            == (seq.num_preemptions + 1 if seq.stays else 0)
         ), f"{seq}: {admissions.get(seq.seq_id)} admissions, {seq.num_preemptions} preemptions"
     assert len(stays) == len(reqs), "a request was lost"
 
@@ -387,7 +389,9 @@ def backlogged_tenants(draw) -> list[Request]:  # type: ignore[no-untyped-def]
     reqs = []
     for i in range(draw(st.integers(8, 40))):
         tenant = draw(st.sampled_from(["a", "b"]))
-        reqs.append(Request(f"r{i}", 0.0, draw(st.integers(1, 24)), draw(st.integers(1, 12)), tenant=tenant))
+        reqs.append(
+            Request(f"r{i}", 0.0, draw(st.integers(1, 24)), draw(st.integers(1, 12)), tenant=tenant)
+        )
     return reqs
 
 
@@ -399,7 +403,10 @@ def test_vtc_service_difference_bound(reqs: list[Request], cfg: dict) -> None:
     cfg = {**cfg, "policy": "vtc", "prefill_max_tokens": None, "options": PolicyOptions()}
     sched = make_scheduler(REGISTRY, **cfg)
     w_p, w_q = 1.0, 2.0
-    bound = 2 * (w_p * max(r.num_prompt_tokens for r in reqs) + w_q * cfg["num_kv_blocks"] * cfg["block_size"])
+    bound = 2 * (
+        w_p * max(r.num_prompt_tokens for r in reqs)
+        + w_q * cfg["num_kv_blocks"] * cfg["block_size"]
+    )
     for r in reqs:
         sched.add_request(r, 0.0)
     service = {"a": 0.0, "b": 0.0}
@@ -411,7 +418,9 @@ def test_vtc_service_difference_bound(reqs: list[Request], cfg: dict) -> None:
         now += 1.0
         sched.update(out, now)
         for item in out.scheduled:
-            service[item.seq.request.tenant] += (w_q if item.is_decode else w_p) * item.num_new_tokens
+            service[item.seq.request.tenant] += (
+                w_q if item.is_decode else w_p
+            ) * item.num_new_tokens
         waiting = {s.request.tenant for s in sched.waiting}
         if waiting == {"a", "b"}:
             assert abs(service["a"] - service["b"]) <= bound, (service, bound)

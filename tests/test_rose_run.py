@@ -208,8 +208,13 @@ def test_cuda_run_on_tiny_llama(monkeypatch, capsys, tmp_path):
 )  # fmt: skip
 def test_policy_families_run_on_the_executor(monkeypatch, capsys, tmp_path, policy):
     trace = tmp_path / "t.csv"
-    rows = [f"{i * 0.01},{8 + 3 * i},{2 + i % 3},{'ab'[i % 2]},{i % 2},{0.001 if i == 3 else 5}" for i in range(6)]
-    trace.write_text("arrival_s,prompt_tokens,output_tokens,tenant,priority,deadline_s\n" + "\n".join(rows))
+    rows = [
+        f"{i * 0.01},{8 + 3 * i},{2 + i % 3},{'ab'[i % 2]},{i % 2},{0.001 if i == 3 else 5}"
+        for i in range(6)
+    ]
+    trace.write_text(
+        "arrival_s,prompt_tokens,output_tokens,tenant,priority,deadline_s\n" + "\n".join(rows)
+    )
     records = tmp_path / "r.csv"
     code, _, err = rose_run(
         monkeypatch, capsys, "--model", "tiny-llama", "--device", "cpu", "--trace", str(trace),

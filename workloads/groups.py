@@ -48,7 +48,9 @@ class GroupSpec:
             raise WorkloadError(f"group {self.name}: rate must be > 0 req/s, got {self.rate}")
         for what, (lo, hi) in (("prompt", self.prompt_tokens), ("output", self.output_tokens)):
             if not 0 < lo <= hi:
-                raise WorkloadError(f"group {self.name}: {what} range must be 0 < low <= high, got {(lo, hi)}")
+                raise WorkloadError(
+                    f"group {self.name}: {what} range must be 0 < low <= high, got {(lo, hi)}"
+                )
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise WorkloadError(f"group {self.name}: deadline_s must be > 0, got {self.deadline_s}")
 

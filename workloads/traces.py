@@ -325,8 +325,13 @@ def _load_plain_jsonl(path: Path) -> list[Request]:
     if not ids:
         raise WorkloadError(f"{path}: no rows; the trace is empty")
     return _build(
-        ids, np.array(times), np.array(prompt), np.array(output), tenants=tenants,
-        priorities=np.array(priorities, dtype=np.int64), deadlines=deadlines,
+        ids,
+        np.array(times),
+        np.array(prompt),
+        np.array(output),
+        tenants=tenants,
+        priorities=np.array(priorities, dtype=np.int64),
+        deadlines=deadlines,
     )
 
 
@@ -339,7 +344,9 @@ def _optional(path: Path, line_no: int, row: dict[str, Any], key: str, kind: typ
     if kind is int and not (is_num and float(value).is_integer()):
         raise WorkloadError(f"{path}:{line_no}: {key} must be an integer, got {value!r}")
     if kind is float and not (is_num and value > 0):
-        raise WorkloadError(f"{path}:{line_no}: {key} must be a positive number of seconds, got {value!r}")
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be a positive number of seconds, got {value!r}"
+        )
     return kind(value)
 
 
