@@ -141,7 +141,7 @@ def test_unknown_policy_lists_known_ones_before_loading_the_model(monkeypatch, c
     monkeypatch.setattr(cli, "build_model", no_model)
     code, _, err = rose_run(monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "lifo")
     assert code == 2
-    assert "unknown policy 'lifo'" in one_error_line(err) and "budget, fifo, pack" in err
+    assert "unknown policy 'lifo'" in one_error_line(err) and "budget, edf, fifo" in err
     code, _, err = rose_run(
         monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "fifo", "--prefill-max-tokens", "9"
     )
