@@ -9,6 +9,8 @@ command name. Bad input ends with one ``error:`` line, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -26,13 +28,16 @@ from roseinfer.config import (
     SCHEDULER_PRESETS,
     SchedulerConfig,
 )
-from roseinfer.interface import AdmissionPolicy, PolicyError, PolicyOptions
+from roseinfer.interface import PolicyError, PolicyOptions
 from roseinfer.metrics import (
     RECORD_SUFFIXES,
     LogHistogram,
     check_output_path,
     format_summary,
     parse_goodput,
+    per_class,
+    per_tenant,
+    service_fairness,
     summarize,
     write_records,
     write_result,
@@ -40,7 +45,12 @@ from roseinfer.metrics import (
 from roseinfer.registry import Registry, UnknownPolicyError, load_registry
 from roseinfer.request import Request
 
-WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_WORKLOADS))
+WORKLOADS = (
+    "azure-conv-sample",
+    "synthetic",
+    "two-tenant",
+    *(f"seed-{n}" for n in workloads.SEED_WORKLOADS),
+)
 MAX_INT_FLAG = 2**31 - 1
 """Largest value of a count flag (tokens, sequences): int32, the index type of tensors."""
 MAX_BLOCK_SIZE = 4096
@@ -118,10 +128,15 @@ class ArgumentParser(argparse.ArgumentParser):
         _die(self.prog, f"{message} (see {self.prog} --help)")
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """Add the workload, policy, scheduler and output flags to ``parser``."""
+def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None = None) -> None:
+    """Add the workload, policy, scheduler and output flags to ``parser``, and one
+    flag per typed option a registered plugin declares (``option_specs``)."""
     _add_workload_args(parser.add_argument_group("workload"))
     _add_policy_args(parser.add_argument_group("policy"))
+    _add_plugin_option_args(
+        parser.add_argument_group("policy options (declared by the plugins; see --list-policies)"),
+        registry if registry is not None else load_registry(),
+    )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
     _add_output_args(parser.add_argument_group("output"))
 
@@ -140,7 +155,8 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         "--workload",
         choices=WORKLOADS,
         help="built-in workload when no --trace: the embedded Azure conv sample "
-        "(default), a seed experiment, or 'synthetic' (the knobs below)",
+        "(default), a seed experiment, 'synthetic' (the knobs below), or 'two-tenant' "
+        "(tenants heavy at 20 req/s and light at 2 req/s for 120 s, same lengths)",
     )
     g.add_argument("--num-requests", type=POSITIVE, help="use the first N requests")
     g.add_argument(
@@ -213,11 +229,24 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra knob for a third-party policy (repeatable)",
+        help="a knob a plugin declares, as KEY=VALUE (repeatable; an unknown key is an error)",
     )
     g.add_argument(
         "--list-policies", action="store_true", help="list every registered policy and exit"
     )
+
+
+def _add_plugin_option_args(g: argparse._ArgumentGroup, registry: Registry) -> None:
+    for spec in registry.all_option_specs().values():
+        choices = f" ({', '.join(map(str, spec.choices))})" if spec.choices else ""
+        kwargs: dict[str, Any] = {"dest": spec.name, "default": None, "help": spec.help + choices}
+        if spec.type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = spec.type.__name__.upper()
+        # a name that clashes with a built-in flag stays reachable through --policy-arg
+        with contextlib.suppress(argparse.ArgumentError):
+            g.add_argument(spec.flag, **kwargs)
 
 
 def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
@@ -326,6 +355,8 @@ def build_workload(args: argparse.Namespace) -> tuple[list[Request], str]:
         name = str(args.trace)
     elif args.workload in (None, "azure-conv-sample"):
         reqs, name = workloads.load_default_trace(), workloads.DEFAULT_TRACE_NAME
+    elif args.workload == "two-tenant":
+        reqs, name = workloads.two_tenant(seed=args.seed), args.workload
     else:
         reqs, name = _synthetic(args), args.workload
     reqs = workloads.select(
@@ -377,7 +408,7 @@ def _check_workload_flags(args: argparse.Namespace) -> None:
     if args.trace is not None and args.workload is not None:
         raise CliError("give either --trace or --workload, not both")
     synthetic_flags = ("prompt_tokens", "prompt_repeats", "output_tokens", "submit_interval_ms")
-    is_synthetic = args.workload not in (None, "azure-conv-sample")
+    is_synthetic = args.workload not in (None, "azure-conv-sample", "two-tenant")
     for flag in synthetic_flags:
         if getattr(args, flag) is not None and not is_synthetic:
             raise CliError(
@@ -437,34 +468,51 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
             f"policy {args.policy!r} ignores --prefill-max-tokens; policies with a token "
             f"budget: {', '.join(users)}"
         )
-    loop_order_cls = registry.loop_order(scheduler_knobs(args)["loop_order"])
-    extra = _policy_args(args, registry, (policy_cls, loop_order_cls))
-    return PolicyOptions(
+    options = PolicyOptions(
         lookahead=args.lookahead if args.lookahead is not None else 64,
         force_fifo_every=args.force_fifo_every,
         chunk_head=args.chunk_head,
-        extra=extra,
+        extra=_plugin_options(args, registry),
     )
+    return _checked_plugin_options(args, registry, options)
 
 
-def _policy_args(
-    args: argparse.Namespace, registry: Registry, classes: tuple[type[AdmissionPolicy], ...]
-) -> dict[str, str]:
-    """``--policy-arg KEY=VALUE`` items as a dict; a key that neither the chosen
-    policy, the loop order nor a wrapper declares (``policy_args``) is an error."""
-    wrappers = tuple(entry.cls for entry in registry.wrappers.values())
-    known = sorted({key for cls in (*classes, *wrappers) for key in cls.policy_args})
-    extra = {}
+def _plugin_options(args: argparse.Namespace, registry: Registry) -> dict[str, Any]:
+    """Plugin knobs from their flags, then ``--policy-arg`` (strings, converted later)."""
+    extra: dict[str, Any] = {}
+    for name in registry.all_option_specs():
+        value = getattr(args, name, None)
+        if value is not None:
+            extra[name] = value
     for item in args.policy_arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise CliError(f"--policy-arg takes KEY=VALUE, got {_clip(item)!r}")
-        if key not in known:
-            names = f"policy {args.policy!r} and loop order {classes[1].name!r}"
-            keys = f"known keys: {', '.join(known)}" if known else "they read no --policy-arg"
-            raise CliError(f"--policy-arg {_clip(key)!r} is not read by {names}; {keys}")
-        extra[key] = value
+        extra[key.strip().replace("-", "_")] = value
     return extra
+
+
+def _checked_plugin_options(
+    args: argparse.Namespace, registry: Registry, options: PolicyOptions
+) -> PolicyOptions:
+    """``options`` with every plugin knob typed; a knob no plugin of the run reads
+    is an error naming the knobs it does read."""
+    loop_order = scheduler_knobs(args)["loop_order"]
+    run_specs = {s.name: s for s in registry.option_specs(args.policy, loop_order, options)}
+    typed: dict[str, Any] = {}
+    for key, value in options.extra.items():
+        spec = run_specs.get(key)
+        if spec is None:
+            known = ", ".join(sorted(run_specs)) or "none"
+            raise CliError(
+                f"no plugin of this run reads {_clip(key)!r} (a flag or --policy-arg); "
+                f"policy {args.policy!r} with loop order {loop_order!r} reads: {known}"
+            )
+        try:
+            typed[key] = spec.convert(value)
+        except ValueError as err:
+            raise CliError(str(err)) from None
+    return dataclasses.replace(options, extra=typed)
 
 
 def scheduler_config(
@@ -599,14 +647,41 @@ def report(
     """
     goodput = parse_goodput(args.goodput) if args.goodput else None
     summary = summarize(records, duration_s=duration_s, goodput=goodput, itl=itl)
-    result: dict[str, Any] = {**summary, **extra}
+    groups, tables = _group_results(records, goodput)
+    result: dict[str, Any] = {**summary, **extra, **groups}
     if not args.quiet:
         print(format_summary(summary, title))
+        for table in tables:
+            print(table)
     if args.save_result is not None:
         write_result(result, args.save_result)
     if args.save_records is not None:
         write_records(records, args.save_records)
     return result
+
+
+def _group_results(
+    records: pd.DataFrame, goodput: dict[str, float] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Per-tenant and per-priority-class figures when the run has several: flat
+    keys for the result file, and the tables as text."""
+    out: dict[str, Any] = {}
+    tables: list[str] = []
+    if records["tenant"].nunique(dropna=False) > 1:
+        table = per_tenant(records)
+        out["jain_service_fairness"] = service_fairness(records)
+        for row in table.itertuples():
+            out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
+        tables.append("per tenant:\n" + table.round(1).to_string(index=False))
+    has_deadlines = "deadline_s" in records and records["deadline_s"].notna().any()
+    if "priority" in records and (records["priority"].nunique() > 1 or has_deadlines):
+        table = per_class(records, goodput=goodput)
+        for row in table.to_dict("records"):
+            for key in ("p99_ttft_ms", "slo_attainment", "request_goodput"):
+                if key in row:
+                    out[f"class_{row['class']}_{key}"] = row[key]
+        tables.append("per priority class:\n" + table.round(3).to_string(index=False))
+    return out, tables
 
 
 # ----------------------------------------------------------------- errors

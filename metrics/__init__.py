@@ -13,10 +13,11 @@ Example::
     print(format_summary(summary, "fifo @ 8 req/s"))
 """
 
+from .classes import VTC_WEIGHTS, per_class, service_fairness, slo_met, tenant_service
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
 from .histogram import LogHistogram
 from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
-from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
+from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
 from .summary import (
     DEFAULT_PERCENTILES,
@@ -37,6 +38,7 @@ __all__ = [
     "NO_TENANT",
     "SCHEMA",
     "SLO_METRICS",
+    "VTC_WEIGHTS",
     "STATUSES",
     "Column",
     "check_output_path",
@@ -45,12 +47,17 @@ __all__ = [
     "jain_index",
     "latency_values_ms",
     "parse_goodput",
+    "per_class",
     "per_tenant",
     "plot_cdf",
     "plot_p99_vs_rate",
     "plot_sim_vs_real",
+    "plot_tenant_ttft",
+    "service_fairness",
+    "slo_met",
     "summarize",
     "tenant_fairness",
+    "tenant_service",
     "validate_records",
     "write_records",
     "write_result",

@@ -101,6 +101,7 @@ def drive(
         PolicyError: if requests wait, nothing runs and the policy admits
             nothing (the run would never end), or a policy answer is invalid.
     """
+    scheduler.policy.prepare(requests)  # e.g. fit a length predictor
     i, num_requests = 0, len(requests)
     while True:
         now = clock.now_s()

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from roseinfer.metrics.histogram import LogHistogram
-from roseinfer.metrics.schema import COLUMNS
+from roseinfer.metrics.schema import COLUMNS, OPTIONAL_COLUMNS
 from roseinfer.sequence import SeqStatus, Sequence
 
 
@@ -111,8 +111,9 @@ class StepLog:
         return np.concatenate(parts)
 
 
-_FLOAT_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s")
+_FLOAT_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "deadline_s")
 _INT_COLUMNS = (
+    "priority",
     "num_prompt_tokens",
     "num_output_tokens",
     "num_cached_prompt_tokens",
@@ -140,7 +141,7 @@ class RecordBuilder:
         self.keep_token_ids = keep_token_ids
         self.keep_token_times = keep_token_times
         self.itl: LogHistogram | None = None if keep_token_times else LogHistogram()
-        self._rows: dict[str, Any] = {name: [] for name in COLUMNS}
+        self._rows: dict[str, Any] = {name: [] for name in (*COLUMNS, *OPTIONAL_COLUMNS)}
         self._rows.update({name: array("d") for name in _FLOAT_COLUMNS})
         self._rows.update({name: array("q") for name in _INT_COLUMNS})
         self._order = array("q")  # submission index of each row
@@ -189,6 +190,8 @@ class RecordBuilder:
             rows["token_times_s"].append(None)
             if finished and len(times) > 1:
                 self._count_gaps(np.diff(times))
+        rows["priority"].append(req.priority)
+        rows["deadline_s"].append(np.nan if req.deadline_s is None else req.deadline_s)
         if self.keep_token_ids:
             rows["prompt_token_ids"].append(list(req.prompt_token_ids or ()))
             rows["output_token_ids"].append(list(seq.output_token_ids))

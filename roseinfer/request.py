@@ -71,13 +71,15 @@ class Request:
         prefix_hash_block_tokens: tokens covered by one prefix hash id (512 in the
             Mooncake traces).
         tenant: optional tenant (client) name, for fairness metrics.
-        priority: optional priority (lower is more urgent, as in vLLM); policies
-            may use it, the built-ins ignore it.
+        priority: priority class (lower is more urgent, vLLM's convention; default
+            0); read by ``priority`` and reported per class by the metrics.
+        deadline_s: optional first-token deadline in seconds after arrival (a
+            TTFT SLO); read by ``edf``; the metrics report its attainment.
         sampling: sampling parameters for the executor.
 
     Raises:
         ValueError: on non-positive lengths, a negative arrival time, or token ids
-            whose count differs from ``num_prompt_tokens``.
+            whose count differs from ``num_prompt_tokens``, or a deadline <= 0.
     """
 
     request_id: str
@@ -89,6 +91,7 @@ class Request:
     prefix_hash_block_tokens: int = 512
     tenant: str | None = None
     priority: int = 0
+    deadline_s: float | None = None
     sampling: SamplingParams = field(default=GREEDY)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,10 @@ class Request:
             raise ValueError(
                 f"request {self.request_id}: {len(ids)} prompt token ids but "
                 f"num_prompt_tokens={self.num_prompt_tokens}"
+            )
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(
+                f"request {self.request_id}: deadline_s must be > 0 s, got {self.deadline_s}"
             )
         if self.prefix_hash_block_tokens <= 0:
             raise ValueError("prefix_hash_block_tokens must be > 0")

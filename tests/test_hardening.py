@@ -362,20 +362,22 @@ def test_bad_memory_and_pool_flags_give_one_error_naming_the_flag(
 
 def test_unknown_policy_arg_key_is_an_error_listing_known_keys(monkeypatch, capsys) -> None:
     line = sim_error(monkeypatch, capsys, "--policy-arg", "lookahed=8")
-    assert "--policy-arg 'lookahed' is not read by policy 'fifo'" in line
+    assert "no plugin of this run reads 'lookahed'" in line and "policy 'fifo'" in line
 
 
 def test_a_declared_policy_arg_is_accepted_and_others_listed() -> None:
     from roseinfer.cli import policy_options
+    from roseinfer.interface import PolicyOption
     from roseinfer.simulator.cli import build_parser
 
-    cls = type("Knobby", (AdmissionPolicy,), {"name": "knobby", "policy_args": ("alpha", "beta")})
-    base = load_registry()
-    reg = Registry({**base.policies, "knobby": Entry(cls, "t")}, base.loop_orders, base.wrappers)
+    specs = (PolicyOption("alpha", int, 1, "a knob"), PolicyOption("beta", str, "x", "another"))
+    cls = type("Knobby", (AdmissionPolicy,), {"name": "knobby", "option_specs": specs})
+    reg = load_registry()
+    reg.policies["knobby"] = Entry(cls, "t")
     args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "alpha=2"])
-    assert policy_options(args, reg).extra == {"alpha": "2"}
+    assert policy_options(args, reg).extra == {"alpha": 2}
     args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "gamma=2"])
-    with pytest.raises(ValueError, match="known keys: alpha, beta"):
+    with pytest.raises(ValueError, match="reads: alpha, beta"):
         policy_options(args, reg)
 
 

@@ -126,7 +126,7 @@ def bad_trace(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, fifo, pack"),
+        (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, edf, fifo"),
         (
             ["--loop-order", "sideways"],
             "known: decode-first, mixed, prefill-first, prefill-priority",
@@ -146,7 +146,7 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
         (["--max-num-batched-tokens", "512"], "add --enable-chunked-prefill"),
         (["--long-prefill-token-threshold", "16"], "only applies with --enable-chunked-prefill"),
-        (["--policy", "fifo", "--chunk-head"], "--chunk-head is read only by: budget, pack"),
+        (["--policy", "fifo", "--chunk-head"], "--chunk-head is read only by: budget, edf, hrrn"),
         (["--enable-chunked-prefill"], "needs a per-step limit"),
         (
             ["--scheduler-preset", "vllm-v1", "--max-num-batched-tokens", "64"],

@@ -10,7 +10,8 @@ request at 0.0 s. Three trace formats are read (see ``../shared/traces/README.md
   ``output_length``, ``hash_ids`` (one id per 512-token prompt block).
   Source: kvcache-ai/Mooncake ``FAST25-release/traces``.
 - ``plain``: CSV or JSONL with ``arrival_s, prompt_tokens, output_tokens`` and
-  optional ``tenant``, ``request_id``.
+  optional ``tenant``, ``request_id``, ``priority`` (int, lower is more urgent)
+  and ``deadline_s`` (first-token deadline, s after arrival; empty: none).
 
 Bad input raises :class:`WorkloadError` whose message names ``file:line``, the
 field, and what was expected. Nothing is read or computed at import time.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -305,7 +307,24 @@ def _load_plain_csv(path: Path) -> list[Request]:
     tenants = None
     if "tenant" in df.columns:
         tenants = [t.strip() or None for t in df["tenant"]]
-    return _build(ids, arrival_s, prompt, output, tenants=tenants)
+    return _build(ids, arrival_s, prompt, output, tenants=tenants, **_classes_csv(path, df))
+
+
+def _classes_csv(path: Path, df: pd.DataFrame) -> dict[str, Any]:
+    """The optional ``priority`` and ``deadline_s`` columns (an empty deadline: none)."""
+    out: dict[str, Any] = {}
+    if "priority" in df.columns:
+        values = pd.to_numeric(df["priority"].str.strip(), errors="coerce")
+        bad = ~np.isfinite(values) | (values % 1 != 0) | (values.abs() > _MAX_PRIORITY)
+        _bad_row(path, df, "priority", bad, f"an integer of at most {_MAX_PRIORITY} in magnitude")
+        out["priorities"] = values.to_numpy(dtype=np.int64)
+    if "deadline_s" in df.columns:
+        text = df["deadline_s"].str.strip()
+        values = pd.to_numeric(text, errors="coerce")
+        bad = (text != "") & ~((values > 0) & (values < np.inf))
+        _bad_row(path, df, "deadline_s", bad, "a positive number of seconds or empty")
+        out["deadlines"] = [None if t == "" else float(v) for t, v in zip(text, values)]
+    return out
 
 
 # -------------------------------------------------------------- JSONL input
@@ -393,6 +412,8 @@ def _load_mooncake(path: Path) -> list[Request]:
 def _load_plain_jsonl(path: Path) -> list[Request]:
     ids: list[str] = []
     lines, times, prompt, output, tenants = [], [], [], [], []
+    priorities: list[int] = []
+    deadlines: list[float | None] = []
     for n, (line_no, row) in enumerate(_json_rows(path)):
         ids.append(_json_request_id(path, line_no, row) or f"{path.stem}-{n}")
         lines.append(line_no)
@@ -400,11 +421,21 @@ def _load_plain_jsonl(path: Path) -> list[Request]:
         prompt.append(int(_field(path, line_no, row, "prompt_tokens", "positive")))
         output.append(int(_field(path, line_no, row, "output_tokens", "positive")))
         tenants.append(None if row.get("tenant") is None else str(row["tenant"]))
+        priorities.append(_optional(path, line_no, row, "priority", int))
+        deadlines.append(_optional(path, line_no, row, "deadline_s", float))
     if not ids:
         raise WorkloadError(f"{path}: no rows; the trace is empty")
     _check_unique_ids(path, ids, lines)
     arrival_s = _json_arrivals(path, lines, times, "arrival_s")
-    return _build(ids, arrival_s, np.array(prompt), np.array(output), tenants=tenants)
+    return _build(
+        ids,
+        arrival_s,
+        np.array(prompt),
+        np.array(output),
+        tenants=tenants,
+        priorities=np.array(priorities, dtype=np.int64),
+        deadlines=deadlines,
+    )
 
 
 def _json_request_id(path: Path, line_no: int, row: dict[str, Any]) -> str:
@@ -433,6 +464,31 @@ def _json_arrivals(path: Path, lines: list[int], times: list[float], key: str) -
     return arrival_s
 
 
+_MAX_PRIORITY = 2**31 - 1
+
+
+def _optional(path: Path, line_no: int, row: dict[str, Any], key: str, kind: type) -> Any:
+    """``priority`` (an integer, |p| <= 2**31-1, default 0) or ``deadline_s``
+    (> 0 s, finite, default None)."""
+    value = row.get(key)
+    if value is None:
+        return 0 if kind is int else None
+    is_num = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int and not (
+        is_num and math.isfinite(value) and float(value).is_integer()
+        and abs(value) <= _MAX_PRIORITY
+    ):  # fmt: skip
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be an integer of at most {_MAX_PRIORITY} in magnitude, "
+            f"got {clip(repr(value))}"
+        )
+    if kind is float and not (is_num and 0 < value < math.inf):
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be a positive number of seconds, got {clip(repr(value))}"
+        )
+    return kind(value)
+
+
 def _build(
     ids: Sequence[str],
     arrival_s: np.ndarray,
@@ -441,6 +497,8 @@ def _build(
     *,
     tenants: Sequence[str | None] | None = None,
     hash_ids: Sequence[tuple[int, ...]] | None = None,
+    priorities: np.ndarray | None = None,
+    deadlines: Sequence[float | None] | None = None,
 ) -> list[Request]:
     """Requests in arrival order (stable), times re-based to the earliest."""
     rel_s = arrival_s - arrival_s.min()
@@ -453,6 +511,8 @@ def _build(
             prefix_hash_ids=None if hash_ids is None else hash_ids[i],
             prefix_hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
             tenant=None if tenants is None else tenants[i],
+            priority=0 if priorities is None else int(priorities[i]),
+            deadline_s=None if deadlines is None else deadlines[i],
         )
         for i in np.argsort(rel_s, kind="stable")
     ]
