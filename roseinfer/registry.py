@@ -19,12 +19,14 @@ from roseinfer.interface import (
     PolicyOptions,
     PolicyWrapper,
 )
+from roseinfer.routing import Router
 
 ENTRY_POINT_GROUP = "roseinfer"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "roseinfer.policies.admission",
     "roseinfer.policies.orderings",
     "roseinfer.policies.wrappers",
+    "roseinfer.policies.routers",
 )
 
 
@@ -40,6 +42,14 @@ class Entry:
     plugin: str
 
 
+@dataclass(frozen=True, slots=True)
+class RouterEntry:
+    """A registered router class and the plugin that contributed it."""
+
+    cls: type[Router]
+    plugin: str
+
+
 @dataclass(slots=True)
 class Registry:
     """Registered admission policies, loop orders and wrappers by name."""
@@ -47,6 +57,19 @@ class Registry:
     policies: dict[str, Entry] = field(default_factory=dict)
     loop_orders: dict[str, Entry] = field(default_factory=dict)
     wrappers: dict[str, Entry] = field(default_factory=dict)
+    routers: dict[str, RouterEntry] = field(default_factory=dict)
+
+    def router(self, name: str) -> type[Router]:
+        """The router class called ``name`` (clusters, ``--router``).
+
+        Raises:
+            UnknownPolicyError: listing the known names.
+        """
+        entry = self.routers.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.routers)) or "(none)"
+            raise UnknownPolicyError(f"unknown router {name!r} for --router; known: {known}")
+        return entry.cls
 
     def policy(self, name: str) -> type[AdmissionPolicy]:
         """The admission policy class called ``name``.
@@ -94,6 +117,9 @@ class Registry:
                 lines.append(
                     f"  {name:<16} {entry.cls.description}{extra}  (plugin: {entry.plugin})"
                 )
+        lines.append("routers (--router, with --num-replicas N):")
+        for name, rentry in sorted(self.routers.items()):
+            lines.append(f"  {name:<16} {rentry.cls.description}  (plugin: {rentry.plugin})")
         return "\n".join(lines)
 
 
@@ -133,6 +159,7 @@ def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
         ("register_loop_orders", registry.loop_orders),
         ("register_policy_wrappers", registry.wrappers),
     )
+    _load_routers(pm, registry)
     for hook_name, table in hooks:
         caller = getattr(pm.hook, hook_name)
         for impl in caller.get_hookimpls():
@@ -149,3 +176,20 @@ def _add(table: dict[str, Entry], cls: type[AdmissionPolicy], plugin: str) -> No
         other = table[cls.name].plugin
         raise ValueError(f"plugins {other} and {plugin} both register {cls.name!r}")
     table[cls.name] = Entry(cls, plugin)
+
+
+def _load_routers(pm: pluggy.PluginManager, registry: Registry) -> None:
+    """Collect ``register_routers`` answers into ``registry.routers``.
+
+    Raises:
+        ValueError: on a non-Router class, a missing name or a duplicate name.
+    """
+    for impl in pm.hook.register_routers.get_hookimpls():
+        plugin = pm.get_name(impl.plugin) or repr(impl.plugin)
+        for cls in impl.function() or []:
+            if not (isinstance(cls, type) and issubclass(cls, Router)) or not cls.name:
+                raise ValueError(f"plugin {plugin} registered {cls!r}: not a Router with a name")
+            if cls.name in registry.routers:
+                other = registry.routers[cls.name].plugin
+                raise ValueError(f"plugins {other} and {plugin} both register {cls.name!r}")
+            registry.routers[cls.name] = RouterEntry(cls, plugin)

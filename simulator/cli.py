@@ -29,6 +29,7 @@ from roseinfer.cli import (
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
+from roseinfer.simulator.cluster_cli import add_cluster_args, replica_specs, run_cluster, wants_cluster
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plan every decode step alone (slower; same result, for checking)",
     )
+    add_cluster_args(parser)
     parser.set_defaults(block_size=None)  # None: the profile's, else DEFAULT_BLOCK_SIZE
     return parser
 
@@ -202,6 +204,12 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
     )
+    if wants_cluster(args):
+        specs = replica_specs(args, config, f"{model.name}@{setup.device_name}", cost_model)
+        facts = {"backend": "sim", "workload": workload_name, **setup.extra}
+        title = f"rose-sim: {config.policy} | {workload_name}"
+        run_cluster(args, registry, requests, specs, title=title, extra=facts)
+        return
     result = simulate(requests, config, cost_model, registry=registry, jump=not args.no_jump)
     extra = {
         "backend": "sim",
