@@ -186,7 +186,8 @@ def _load_routers(pm: pluggy.PluginManager, registry: Registry) -> None:
     """
     for impl in pm.hook.register_routers.get_hookimpls():
         plugin = pm.get_name(impl.plugin) or repr(impl.plugin)
-        for cls in impl.function() or []:
+        classes: list[type[Router]] = impl.function() or []  # type: ignore[assignment]
+        for cls in classes:
             if not (isinstance(cls, type) and issubclass(cls, Router)) or not cls.name:
                 raise ValueError(f"plugin {plugin} registered {cls!r}: not a Router with a name")
             if cls.name in registry.routers:

@@ -118,9 +118,7 @@ class Router:
             raise RouterError(f"router {self.name!r} picked replica {chosen}, not a candidate")
         return chosen
 
-    def filter(
-        self, request: Request, replicas: SequenceABC[ReplicaView]
-    ) -> list[ReplicaView]:
+    def filter(self, request: Request, replicas: SequenceABC[ReplicaView]) -> list[ReplicaView]:
         """Replicas able to hold the request at all (length and pool size)."""
         return [
             r

@@ -29,7 +29,12 @@ from roseinfer.cli import (
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
-from roseinfer.simulator.cluster_cli import add_cluster_args, replica_specs, run_cluster, wants_cluster
+from roseinfer.simulator.cluster_cli import (
+    add_cluster_args,
+    replica_specs,
+    run_cluster,
+    wants_cluster,
+)
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile

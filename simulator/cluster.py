@@ -38,7 +38,6 @@ from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.routing import ReplicaView, Router
 from roseinfer.scheduler import Scheduler, SchedulerOutput
-from roseinfer.sequence import Sequence
 from roseinfer.simulator.cost_model import CostModel
 from roseinfer.simulator.engine import CostModelBackend
 
@@ -82,11 +81,15 @@ class _Replica:
             return self.time_s
         return math.inf
 
-    def add(self, request: Request) -> None:
-        """Queue ``request`` at its arrival time."""
+    def add(self, request: Request, block_hashes: dict[int, list[int]]) -> None:
+        """Queue ``request`` at its arrival time, handing over the prompt block
+        hashes the router computed (by block size) so they are not hashed twice."""
         self.routed_tokens += request.max_num_tokens
         self.num_routed += 1
-        self.scheduler.add_request(request, request.arrival_time_s)
+        seq = self.scheduler.add_request(request, request.arrival_time_s)
+        hashes = block_hashes.get(self.spec.config.block_size)
+        if hashes is not None and seq.block_hashes is None:
+            seq.block_hashes = hashes
         if self.pending is None:
             self.time_s = max(self.time_s, request.arrival_time_s)
         self.stalled = False
@@ -291,7 +294,7 @@ class _EventLoop:
             ]
         self._hashes = {}
         chosen = self.router.route(request, self._views, now)
-        self.replicas[chosen].add(request)
+        self.replicas[chosen].add(request, self._hashes)
 
     def _prefix_query(self, rep: _Replica) -> Callable[[Request], int]:
         bm = rep.scheduler.block_manager

@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from roseinfer.cli import CliError, config_facts, report
 from roseinfer.config import SchedulerConfig
@@ -41,7 +46,13 @@ from roseinfer.simulator.cost_model import make_cost_model
 from roseinfer.simulator.specs import get_device_spec
 
 REPLICA_KEYS = {"model", "device", "num_kv_blocks", "count", "name"}
-PER_REPLICA_KEYS = ("num_routed", "completed", "prefix_cache_hit_rate", "p99_ttft_ms", "mean_ttft_ms")
+PER_REPLICA_KEYS = (
+    "num_routed",
+    "completed",
+    "prefix_cache_hit_rate",
+    "p99_ttft_ms",
+    "mean_ttft_ms",
+)
 
 
 def add_cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -136,8 +147,12 @@ def replica_specs(
     Raises:
         CliError: when ``--num-replicas`` disagrees with the config's count.
     """
-    from roseinfer.simulator.cli import DEFAULT_DEVICE, DEFAULT_MODEL, default_num_kv_blocks
-    from roseinfer.simulator.cli import load_model_spec
+    from roseinfer.simulator.cli import (
+        DEFAULT_DEVICE,
+        DEFAULT_MODEL,
+        default_num_kv_blocks,
+        load_model_spec,
+    )
 
     if args.replica_config is None:
         return [ReplicaSpec(base_name, base, base_cost)] * (args.num_replicas or 1)
