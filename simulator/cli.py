@@ -5,12 +5,16 @@ Example::
     rose-sim --policy pack --prefill-max-tokens 256 --force-fifo-every 8
     rose-sim --policy budget --prefill-max-tokens 2048 \\
         --trace AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --device h100-sxm
+    rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl
+    rose-sim sweep grid.toml --backend ray
+    rose-sim capacity --goodput ttft:2000 tpot:100 --policy budget --prefill-max-tokens 2048
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -240,7 +244,14 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
 
 
 def main() -> int:
-    """Entry point of ``rose-sim``."""
+    """Entry point of ``rose-sim`` (``rose-sim sweep ...`` and ``rose-sim capacity ...``
+    are subcommands; see ``roseinfer.simulator.sweep_cli``)."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in ("sweep", "capacity"):
+        from roseinfer.simulator import sweep_cli
+
+        command = sweep_cli.sweep_main if argv[0] == "sweep" else sweep_cli.capacity_main
+        return command(argv[1:])
     return run_main("rose-sim", build_parser(), _run)
 
 
