@@ -180,7 +180,12 @@ def grid_inputs(args: argparse.Namespace, goodput: dict[str, float] | None) -> G
     return GridInputs(requests, config, setup.cost_model, args.burstiness, goodput)
 
 
-def _grid_setup(path: Path, goodput: dict[str, float] | None) -> tuple[dict, GridInputs]:
+def load_grid(path: Path, goodput: dict[str, float] | None = None) -> tuple[dict, GridInputs]:
+    """A grid file's tables and the inputs its ``[base]`` flags describe.
+
+    Raises:
+        CliError: on a bad grid file or flag.
+    """
     from roseinfer.simulator.cli import build_parser
 
     data = read_grid(path)
@@ -211,7 +216,7 @@ def sweep_main(argv: list[str]) -> int:
     args = sweep_parser().parse_args(argv)
     with friendly_errors("rose-sim sweep"):
         goodput = parse_goodput(args.goodput) if args.goodput else None
-        data, inputs = _grid_setup(args.grid, goodput)
+        data, inputs = load_grid(args.grid, goodput)
         axes = data.get("grid", {})
         frame = run_grid(
             inputs.requests,
@@ -267,7 +272,7 @@ def _capacity_points(
     args: argparse.Namespace, slos: dict[str, float]
 ) -> tuple[list[GridPoint], GridInputs]:
     if args.grid is not None:
-        data, inputs = _grid_setup(args.grid, slos)
+        data, inputs = load_grid(args.grid, slos)
         axes = data.get("grid", {})
         points = grid_points(
             data["variants"], None, axes.get("num_replicas", [1]), axes.get("seeds", [0])
