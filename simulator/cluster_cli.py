@@ -67,7 +67,6 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--router",
-        default="round-robin",
         help="routing policy with several replicas (default round-robin; see --list-policies)",
     )
     g.add_argument(
@@ -96,7 +95,10 @@ def wants_cluster(args: argparse.Namespace) -> bool:
     """True when the flags ask for more than one replica (or a replica config)."""
     if args.num_replicas is not None and args.num_replicas < 1:
         raise CliError(f"--num-replicas must be >= 1, got {args.num_replicas}")
-    return (args.num_replicas or 1) > 1 or args.replica_config is not None
+    cluster = (args.num_replicas or 1) > 1 or args.replica_config is not None
+    if not cluster and (args.router or args.router_arg or args.router_staleness_s):
+        raise CliError("--router, --router-arg and --router-staleness-s need --num-replicas N > 1")
+    return cluster
 
 
 def make_router(args: argparse.Namespace, registry: Registry) -> Router:
@@ -112,7 +114,7 @@ def make_router(args: argparse.Namespace, registry: Registry) -> Router:
         if not sep or not key:
             raise CliError(f"--router-arg takes KEY=VALUE, got {item!r}")
         options[key] = value
-    return registry.router(args.router)(seed=args.seed, options=options)
+    return registry.router(args.router or "round-robin")(seed=args.seed, options=options)
 
 
 def read_replica_config(path: Path) -> list[dict[str, Any]]:

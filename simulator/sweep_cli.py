@@ -281,6 +281,9 @@ def _capacity_points(
     inputs = grid_inputs(args, slos)
     overrides: dict[str, Any] = {}
     if (args.num_replicas or 1) > 1:
-        overrides = {"router": args.router, "router_staleness_s": args.router_staleness_s}
+        overrides = {
+            "router": args.router or "round-robin",
+            "router_staleness_s": args.router_staleness_s,
+        }
     label = args.policy
     return [GridPoint(0, label, overrides, None, args.num_replicas or 1, args.seed)], inputs

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from roseinfer import hookimpl
 from roseinfer.config import SchedulerConfig
-from roseinfer.registry import UnknownPolicyError, load_registry
+from roseinfer.registry import UnknownPolicyError, load_registry, make_plugin_manager
 from roseinfer.request import Request
 from roseinfer.routing import ReplicaView, Router
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
@@ -132,6 +133,26 @@ def test_registry_lists_routers_and_rejects_unknown_ones() -> None:
         registry.router("nope")
 
 
+def test_a_router_plugin_registers_through_the_hook() -> None:
+    class Sticky(Router):
+        name = "sticky"
+        description = "always replica 0"
+
+    class Plugin:
+        @hookimpl
+        def register_routers(self) -> list[type[Router]]:
+            return [Sticky]
+
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(Plugin(), name="my-routers")
+    registry = load_registry(pm)
+    assert registry.router("sticky") is Sticky
+    assert "sticky" in registry.describe() and "my-routers" in registry.describe()
+    pm.register(type("Again", (Plugin,), {})(), name="again")
+    with pytest.raises(ValueError, match="both register 'sticky'"):
+        load_registry(pm)
+
+
 def test_replica_view_outstanding_blocks() -> None:
     view = ReplicaView(0, "a", 0, 0, 160, 10, 10, 16, 100, lambda r: 0)
     assert view.outstanding_blocks == 10
@@ -176,6 +197,7 @@ def test_cli_replica_config_builds_heterogeneous_replicas(monkeypatch, capsys, t
         (["--num-replicas", "2", "--router", "nope"], "unknown router 'nope'"),
         (["--num-replicas", "2", "--router-arg", "x"], "--router-arg takes KEY=VALUE"),
         (["--num-replicas", "2", "--router-staleness-s", "-1"], "must be >= 0"),
+        (["--router", "prefix-aware"], "need --num-replicas N > 1"),
     ],
 )
 def test_cli_cluster_errors_are_one_line(monkeypatch, capsys, args, message) -> None:
