@@ -7,8 +7,10 @@ Example::
     rose-sim --replica-config replicas.toml --router least-loaded
 
 A replica config lists the replicas (TOML or JSON), each with optional
-``model``, ``device``, ``num_kv_blocks`` and ``count`` (default 1); missing
-fields take the command line's values::
+``model``, ``device``, ``num_kv_blocks``, ``name`` and ``count`` (default 1);
+missing fields take the command line's values. Each entry is priced by the
+roofline of its model and device (a ``--cost-model`` profile prices only
+``--num-replicas`` copies of the profiled setup)::
 
     [[replica]]
     model = "llama-3.1-8b"

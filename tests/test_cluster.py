@@ -95,7 +95,7 @@ def test_random_router_is_reproducible_with_its_seed() -> None:
     assert a.tolist() == b.tolist() and a.nunique() == 3
 
 
-def test_stale_router_views_change_decisions_but_count_what_was_sent() -> None:
+def test_stale_router_views_still_count_what_the_router_sent() -> None:
     reqs = grouped_requests(80, 80, rate=100.0)
     specs = [ReplicaSpec("a", CONFIG, COST)] * 2
     fresh = simulate_cluster(reqs, specs, router("least-loaded"))
