@@ -73,14 +73,6 @@ class _Replica:
         self.ended_tokens = 0  # ... of which ended
         self.num_routed = 0
 
-    def event_time(self) -> float:
-        """When this replica next acts: a completion, a start, or never (inf)."""
-        if self.pending is not None:
-            return self.time_s
-        if self.scheduler.has_unfinished() and not self.stalled:
-            return self.time_s
-        return math.inf
-
     def add(self, request: Request, block_hashes: dict[int, list[int]]) -> None:
         """Queue ``request`` at its arrival time, handing over the prompt block
         hashes the router computed (by block size) so they are not hashed twice."""
@@ -266,11 +258,10 @@ class _EventLoop:
         i, n = 0, len(reqs)
         while True:
             next_arrival = reqs[i].arrival_time_s if i < n else math.inf
-            rep = min(self.replicas, key=lambda r: (r.event_time(), r.pending is None, r.index))
-            t = rep.event_time()
-            if math.isinf(t) and i >= n:
+            rep, t = self._next_replica()
+            if rep is None and i >= n:
                 break
-            if next_arrival < t or (next_arrival == t and rep.pending is None):
+            if rep is None or next_arrival < t or (next_arrival == t and rep.pending is None):
                 self._route(reqs[i])
                 i += 1
             elif rep.pending is not None:
@@ -280,6 +271,19 @@ class _EventLoop:
         for rep in self.replicas:
             if rep.scheduler.has_unfinished():
                 raise PolicyError(f"replica {rep.index}: {rep.scheduler.stall_message()}")
+
+    def _next_replica(self) -> tuple[_Replica | None, float]:
+        """The replica with the earliest event (completions before starts at equal
+        times, then the lowest index) and its time; (None, inf) when all are idle."""
+        best, best_t, best_starts = None, math.inf, True
+        for rep in self.replicas:
+            starts = rep.pending is None
+            if starts and (rep.stalled or not rep.scheduler.has_unfinished()):
+                continue
+            t = rep.time_s
+            if t < best_t or (t == best_t and best_starts and not starts):
+                best, best_t, best_starts = rep, t, starts
+        return best, best_t
 
     def _route(self, request: Request) -> None:
         now = request.arrival_time_s
