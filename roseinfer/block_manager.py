@@ -210,6 +210,17 @@ class BlockManager:
             hits.append(block)
         return hits
 
+    def num_cached_prefix_blocks(self, hashes: list[int]) -> int:
+        """Leading blocks of the chained ``hashes`` (``compute_block_hashes``) that
+        the prefix cache holds now, without touching any request (a router's query)."""
+        if not self.enable_prefix_caching:
+            return 0
+        index = self._hash_to_block
+        for i, h in enumerate(hashes):
+            if h not in index:
+                return i
+        return len(hashes)
+
     def num_cached_tokens(self, seq: Sequence) -> int:
         """Tokens of ``seq`` that a prefill now would take from the prefix cache."""
         return len(self.lookup(seq)) * self.block_size

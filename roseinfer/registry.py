@@ -25,6 +25,7 @@ from roseinfer.interface import (
     PolicyWrapper,
 )
 from roseinfer.prediction import LENGTH_PREDICTOR_OPTION, LengthPredictor
+from roseinfer.routing import Router
 
 ENTRY_POINT_GROUP = "roseinfer"
 DEFAULT_PLUGINS: tuple[str, ...] = (
@@ -36,6 +37,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "roseinfer.policies.fairness",
     "roseinfer.policies.cache",
     "roseinfer.policies.predictors",
+    "roseinfer.policies.routers",
 )
 
 
@@ -47,7 +49,7 @@ class UnknownPolicyError(ValueError):
 class Entry:
     """A registered class and the plugin that contributed it."""
 
-    cls: Any  # type[AdmissionPolicy], or type[LengthPredictor] in ``predictors``
+    cls: Any  # type[AdmissionPolicy]; type[LengthPredictor] / type[Router] in those tables
     plugin: str
 
 
@@ -59,6 +61,15 @@ class Registry:
     loop_orders: dict[str, Entry] = field(default_factory=dict)
     wrappers: dict[str, Entry] = field(default_factory=dict)
     predictors: dict[str, Entry] = field(default_factory=dict)
+    routers: dict[str, Entry] = field(default_factory=dict)
+
+    def router(self, name: str) -> type[Router]:
+        """The router class called ``name`` (clusters, ``--router``).
+
+        Raises:
+            UnknownPolicyError: listing the known names.
+        """
+        return _lookup(self.routers, name, "router", "--router")
 
     def policy(self, name: str) -> type[AdmissionPolicy]:
         """The admission policy class called ``name``.
@@ -161,6 +172,9 @@ class Registry:
                 lines.append(
                     f"  {name:<16} {entry.cls.description}{extra}  (plugin: {entry.plugin})"
                 )
+        lines.append("routers (--router, with --num-replicas N):")
+        for name, rentry in sorted(self.routers.items()):
+            lines.append(f"  {name:<16} {rentry.cls.description}  (plugin: {rentry.plugin})")
         return "\n".join(lines)
 
 
@@ -235,6 +249,7 @@ def load_registry(pm: pluggy.PluginManager | None = None, *, warn: Warn | None =
         ("register_loop_orders", registry.loop_orders, AdmissionPolicy),
         ("register_policy_wrappers", registry.wrappers, AdmissionPolicy),
         ("register_length_predictors", registry.predictors, LengthPredictor),
+        ("register_routers", registry.routers, Router),
     )
     found: list[tuple[dict[str, Entry], Any, str, type]] = []
     failed: set[str] = set()

@@ -5,6 +5,9 @@ Example::
     rose-sim --policy pack --prefill-max-tokens 256 --force-fifo-every 8
     rose-sim --policy budget --prefill-max-tokens 2048 \\
         --trace AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --device h100-sxm
+    rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl
+    rose-sim sweep grid.toml --backend ray
+    rose-sim capacity --goodput ttft:2000 tpot:100 --policy budget --prefill-max-tokens 2048
 """
 
 from __future__ import annotations
@@ -36,6 +39,12 @@ from roseinfer.cli import (
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
 from roseinfer.sequence import Sequence
+from roseinfer.simulator.cluster_cli import (
+    add_cluster_args,
+    replica_specs,
+    run_cluster,
+    wants_cluster,
+)
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile
@@ -93,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plan every decode step alone (slower; same result, for checking)",
     )
+    add_cluster_args(parser)
     parser.set_defaults(block_size=None)  # None: the profile's, else DEFAULT_BLOCK_SIZE
     # NOTE: nobody crafts colliding prompts in a simulation, and SHA-256 made a 2,000-request
     # synthetic run with 1,024-token prompts 1.45-1.59x slower (benchmarks/input_costs.py).
@@ -216,6 +226,12 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
     )
+    if wants_cluster(args):
+        specs = replica_specs(args, config, f"{model.name}@{setup.device_name}", cost_model)
+        facts = {"backend": "sim", "workload": workload_name, **setup.extra}
+        title = f"rose-sim: {config.policy} | {workload_name}"
+        run_cluster(args, registry, requests, specs, title=title, extra=facts)
+        return
     with _progress(len(requests), quiet=args.quiet) as on_ended:
         result = simulate(
             requests, config, cost_model, registry=registry, jump=not args.no_jump,
@@ -266,7 +282,14 @@ def _progress(num_requests: int, *, quiet: bool) -> Iterator[Callable[[list[Sequ
 
 
 def main() -> int:
-    """Entry point of ``rose-sim``."""
+    """Entry point of ``rose-sim`` (``rose-sim sweep ...`` and ``rose-sim capacity ...``
+    are subcommands; see ``roseinfer.simulator.sweep_cli``)."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in ("sweep", "capacity"):
+        from roseinfer.simulator import sweep_cli
+
+        command = sweep_cli.sweep_main if argv[0] == "sweep" else sweep_cli.capacity_main
+        return command(argv[1:])
     return run_main("rose-sim", build_parser(), _run)
 
 
