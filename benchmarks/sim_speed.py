@@ -61,14 +61,20 @@ from roseinfer.registry import load_registry
 from roseinfer.simulator import make_cost_model, simulate
 from roseinfer.simulator.specs import get_device_spec
 args = build_parser().parse_args(sys.argv[1:])
+if getattr(args, "block_size", None) is None:  # rose-sim's default when no profile sets it
+    args.block_size = 16
 registry = load_registry()
 requests, _ = build_workload(args)
 model, device = load_model_spec(args.model), get_device_spec(args.device)
 config = scheduler_config(args, registry, num_kv_blocks=default_num_kv_blocks(args, model, device),
                           max_model_len=model.max_model_len)
 t1 = time.perf_counter()
-result = simulate(requests, config, make_cost_model(model, device), registry=registry,
-                  jump=not args.no_jump, keep_token_times=False)
+try:
+    result = simulate(requests, config, make_cost_model(model, device), registry=registry,
+                      jump=not args.no_jump, keep_token_times=False)
+except TypeError:  # an older checkout: it always keeps token times
+    result = simulate(requests, config, make_cost_model(model, device), registry=registry,
+                      jump=not args.no_jump)
 t2 = time.perf_counter()
 df = result.records
 print(json.dumps({
