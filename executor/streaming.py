@@ -71,6 +71,7 @@ class _Abort:
     """A client's abort, queued behind the requests it may refer to."""
 
     request_id: str
+    discard: bool = False
 
 
 class EngineClosedError(RuntimeError):
@@ -292,11 +293,22 @@ class StreamingEngine:
         """Add a request and collect its whole stream."""
         return list(self.stream(self.add_request(prompt, **kwargs)))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, discard: bool = False) -> None:
         """End a request early, admitted or not; its stream ends (no error) and its
-        KV blocks are freed. Unknown or ended requests are ignored."""
-        self._commands.put(_Abort(request_id))
+        KV blocks are freed. Unknown or ended requests are ignored.
+
+        Args:
+            discard: the caller will not read the stream to its end (a client
+                that left): drop the stream's queue too, even if the request ended
+                already, so nothing of it stays behind.
+        """
+        self._commands.put(_Abort(request_id, discard))
         self._wakeup.set()
+
+    @property
+    def alive(self) -> bool:
+        """True while the worker runs (not closed, not failed)."""
+        return self._is_running() and self._worker.is_alive()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker. Streams of requests not finished end with
@@ -368,6 +380,10 @@ class StreamingEngine:
             if isinstance(command, _Abort):
                 if engine.abort(command.request_id):
                     self._send(command.request_id, _End())
+                if command.discard:
+                    with self._lock:
+                        self._streams.pop(command.request_id, None)
+                        self._detoks.pop(command.request_id, None)
                 continue
             seq = engine.scheduler.add_request(command, command.arrival_time_s)
             with self._lock:
