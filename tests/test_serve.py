@@ -387,7 +387,7 @@ def test_metrics_parse_and_count(server):
     assert value["roseinfer_kv_cache_usage_perc"] == 0
     assert value["roseinfer_time_to_first_token_seconds_count"] >= 1
     assert value["roseinfer_inter_token_latency_seconds_count"] >= 2
-    assert 0 < value["roseinfer_prefix_cache_queries_total"]
+    assert value["roseinfer_prefix_cache_queries_total"] > 0
 
 
 def test_cli_bad_flag_is_one_error_line(monkeypatch, capsys):
