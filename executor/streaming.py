@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,7 +229,7 @@ class StreamingEngine:
         finally:
             self._release(request_id)
 
-    async def astream(self, request_id: str) -> AsyncIterator[StreamOutput]:
+    async def astream(self, request_id: str) -> AsyncGenerator[StreamOutput, None]:
         """:meth:`stream` for asyncio: awaits tokens without holding a thread.
 
         The worker wakes the reader's event loop (``call_soon_threadsafe``) after
@@ -240,7 +240,11 @@ class StreamingEngine:
         """
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
-        q = self._claim(request_id, lambda: loop.call_soon_threadsafe(ready.set))
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(ready.set)
+
+        q = self._claim(request_id, wake)
         try:
             while True:
                 try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see roseinfer.executor.cli
 
@@ -168,8 +169,6 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
 
 
 def _check_records_path(path: str) -> None:
-    from pathlib import Path
-
     p = Path(path)
     if p.suffix not in (".csv", ".parquet"):
         raise CliError(f"--save-records {path!r}: use a .csv or .parquet file name")
@@ -183,7 +182,7 @@ def _save_records(args: argparse.Namespace, se: StreamingEngine) -> None:
     from roseinfer.metrics import write_records
 
     records = se.engine.records.frame().drop(columns=["prompt_token_ids", "output_token_ids"])
-    write_records(records, args.save_records)
+    write_records(records, Path(args.save_records))
     print(f"rose-serve: wrote {len(records)} records to {args.save_records}", file=sys.stderr)
 
 

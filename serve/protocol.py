@@ -22,7 +22,7 @@ from roseinfer.request import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # Fields accepted only at their no-op value: (name, allowed values).
-NO_OP_FIELDS = (
+NO_OP_FIELDS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("n", (None, 1)),
     ("best_of", (None, 1)),
     ("echo", (None, False)),
