@@ -135,9 +135,12 @@ async def _generate(request: Request, gen: Generation, chat: bool) -> Response:
     watcher = asyncio.create_task(_watch_disconnect(request, run))
     try:
         first = await run.next()
-    except BaseException as err:
+    except _ENGINE_ERRORS as err:
         await run.close(watcher)
-        raise _api_error(err) from err
+        raise _api_error(err) from None
+    except BaseException:
+        await run.close(watcher)
+        raise
     if gen.stream:
         events = _sse(run, watcher, first, protocol.new_id("chatcmpl" if chat else "cmpl"), chat)
         return StreamingResponse(events, media_type="text/event-stream")
@@ -145,8 +148,8 @@ async def _generate(request: Request, gen: Generation, chat: bool) -> Response:
         pieces = [first or ""]
         while (piece := await run.next()) is not None:
             pieces.append(piece)
-    except BaseException as err:
-        raise _api_error(err) from err
+    except _ENGINE_ERRORS as err:
+        raise _api_error(err) from None
     finally:
         await run.close(watcher)
     body = protocol.completion_body(
@@ -160,14 +163,16 @@ async def _generate(request: Request, gen: Generation, chat: bool) -> Response:
     return JSONResponse(body)
 
 
-def _api_error(err: BaseException) -> BaseException:
+_ENGINE_ERRORS = (RequestRejectedError, RequestFailedError, EngineClosedError)
+
+
+def _api_error(err: Exception) -> ApiError:
+    """The HTTP answer to an error a request's stream raised."""
     if isinstance(err, RequestRejectedError):
         return protocol.bad("prompt", str(err))
     if isinstance(err, RequestFailedError):
         return ApiError(500, str(err))
-    if isinstance(err, EngineClosedError):
-        return ApiError(503, f"the engine stopped: {err}")
-    return err
+    return ApiError(503, f"the engine stopped: {err}")
 
 
 async def _sse(
@@ -185,7 +190,7 @@ async def _sse(
             body["usage"] = protocol.usage(len(run.gen.prompt_ids), run.num_tokens)
             yield _event(body)
     except (RequestFailedError, EngineClosedError) as err:
-        yield _event(_api_error(err).body())  # type: ignore[attr-defined]
+        yield _event(_api_error(err).body())
     finally:
         await run.close(watcher)
     yield "data: [DONE]\n\n"
