@@ -65,7 +65,9 @@ async def client(
 
 async def load(url: str, args: argparse.Namespace) -> collections.Counter[str]:
     counts: collections.Counter[str] = collections.Counter()
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # NOTE: a fresh connection per request: a pooled keep-alive connection that uvicorn
+    # closes after 5 s idle can be picked up at that moment (a client-side ReadError).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     timeout = httpx.Timeout(args.duration_s + 120)
     until = time.monotonic() + args.duration_s
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
