@@ -73,8 +73,8 @@ def check_token_ids(ids: Any, vocab_size: int, field: str = "prompt") -> tuple[i
         if not _is_int(t) or not 0 <= t < vocab_size:
             raise InvalidRequestError(
                 field,
-                f"token {i} is {t!r}, outside the model's vocabulary: token ids are "
-                f"integers in [0, {vocab_size})",
+                f"token id {t!r} outside the model's vocabulary (position {i}): token ids "
+                f"are integers in [0, {vocab_size})",
             )
     return tuple(int(t) for t in ids)
 
