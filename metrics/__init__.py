@@ -14,7 +14,8 @@ Example::
 """
 
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
-from .io import write_records, write_result
+from .histogram import LogHistogram
+from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
 from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
 from .summary import (
@@ -28,7 +29,9 @@ from .summary import (
 )
 
 __all__ = [
+    "LogHistogram",
     "COLUMNS",
+    "RECORD_SUFFIXES",
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
     "NO_TENANT",
@@ -36,6 +39,8 @@ __all__ = [
     "SLO_METRICS",
     "STATUSES",
     "Column",
+    "check_output_path",
+    "escape_formula",
     "format_summary",
     "jain_index",
     "latency_values_ms",

@@ -7,6 +7,7 @@ admission), 031 (prefill token budget), 033 (lookahead packing).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 from roseinfer import hookimpl
 from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext
@@ -25,9 +26,12 @@ def fifo_under_budget(
     fills the budget (chunked prefill). No token limit: the first
     ``budget.max_seqs`` requests.
     """
+    num_seats = min(budget.max_seqs, len(waiting))
+    if budget.max_tokens is None:  # no prompt-token limit: no cost to ask for
+        return list(islice(waiting, num_seats))
     selected: list[Choice] = []
     num_tokens = 0
-    for i in range(min(budget.max_seqs, len(waiting))):
+    for i in range(num_seats):
         seq = waiting[i]
         cost = ctx.cost(seq)
         if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:

@@ -14,17 +14,48 @@ tensors, so its hit rates and preemptions are this algorithm's, not an imitation
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceABC
+
+import numpy as np
 
 from roseinfer.request import Request
 from roseinfer.sequence import Sequence
 
+BlockHasher = Callable[[int, SequenceABC[int]], int]
+"""``hasher(parent_hash, block_token_ids) -> block hash`` (the first block's parent is 0)."""
 
-def compute_block_hashes(request: Request, block_size: int) -> list[int]:
+
+def sha256_block_hash(parent: int, token_ids: SequenceABC[int]) -> int:
+    """SHA-256 of the parent hash (32 bytes, big-endian) and the block's token ids
+    (int64, native order), as an int. Collision-resistant: a crafted prompt cannot
+    alias another tenant's cached block, which 64-bit ``hash()`` allows (vLLM's
+    CVE-2025-25183; vLLM hashes blocks with SHA-256 since)."""
+    data = parent.to_bytes(32, "big") + array("q", token_ids).tobytes()
+    return int.from_bytes(hashlib.sha256(data).digest(), "big")
+
+
+def builtin_block_hash(parent: int, token_ids: SequenceABC[int]) -> int:
+    """Python's 64-bit ``hash()`` of the tuple: 0.6-0.9 us per 16-token block
+    against SHA-256's 4.1-5.9 us on the dev CPU (``benchmarks/input_costs.py``), but
+    not collision-resistant (fine for a simulation, where nobody crafts prompts)."""
+    return hash((parent, *token_ids))
+
+
+BLOCK_HASHERS: dict[str, BlockHasher] = {"sha256": sha256_block_hash, "builtin": builtin_block_hash}
+"""Hash functions by ``--prefix-caching-hash-algo`` name (vLLM's flag)."""
+
+
+def compute_block_hashes(
+    request: Request, block_size: int, hasher: BlockHasher = sha256_block_hash
+) -> list[int]:
     """Chained hashes of the request's full prompt blocks.
 
-    Token ids are hashed when present: block i's hash covers its tokens and
-    block i-1's hash. Otherwise Mooncake ``prefix_hash_ids`` (one id per
+    Token ids are hashed when present: block i's hash is ``hasher(hash of block
+    i-1, tokens of block i)``. Otherwise Mooncake ``prefix_hash_ids`` (one id per
     ``prefix_hash_block_tokens`` tokens, where an equal id already implies an
     equal whole prefix) give block i the id of the hash block holding its last
     token, paired with i. Without either, the prompt shares nothing: [].
@@ -38,18 +69,36 @@ def compute_block_hashes(request: Request, block_size: int) -> list[int]:
         hashes: list[int] = []
         parent = 0
         for i in range(num_full):
-            parent = hash((parent, *ids[i * block_size : (i + 1) * block_size]))
+            parent = hasher(parent, ids[i * block_size : (i + 1) * block_size])
             hashes.append(parent)
         return hashes
     hash_ids = request.prefix_hash_ids
     if hash_ids:
-        span = request.prefix_hash_block_tokens
-        last = len(hash_ids) - 1
-        return [
-            hash(("prefix", hash_ids[min(((i + 1) * block_size - 1) // span, last)], i))
-            for i in range(num_full)
-        ]
+        return _prefix_id_hashes(hash_ids, request.prefix_hash_block_tokens, block_size, num_full)
     return []
+
+
+_PREFIX_KEY_SHIFT = 20  # block index bits in a Mooncake block key (prompts < 2**20 blocks)
+
+
+def _prefix_id_hashes(
+    hash_ids: SequenceABC[int], span: int, block_size: int, num_full: int
+) -> list[int]:
+    """Block keys from Mooncake hash ids: ``-(id << 20 | i) - 1`` for block ``i``
+    whose last token lies in hash block ``id`` (negative, and distinct for
+    distinct (id, i), vectorized); the tuple hash where ids are too large."""
+    last = len(hash_ids) - 1
+    owner = np.minimum((np.arange(1, num_full + 1) * block_size - 1) // span, last)
+    ids = np.asarray(hash_ids)
+    if (
+        ids.dtype.kind not in "iu"
+        or ids.min() < 0
+        or ids.max() >= 1 << 40
+        or num_full >= 1 << _PREFIX_KEY_SHIFT
+    ):
+        return [hash(("prefix", hash_ids[k], i)) for i, k in enumerate(owner.tolist())]
+    keys = -((ids[owner].astype(np.int64) << _PREFIX_KEY_SHIFT) | np.arange(num_full)) - 1
+    return keys.tolist()
 
 
 class BlockManager:
@@ -71,20 +120,33 @@ class BlockManager:
         num_blocks: blocks in the pool (> 0).
         block_size: tokens per block (> 0).
         enable_prefix_caching: index full prompt blocks by hash for reuse.
+        block_hasher: hashes a block's token ids with its parent's hash
+            (default SHA-256; see :data:`BLOCK_HASHERS`).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        block_hasher: BlockHasher = sha256_block_hash,
+    ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be > 0")
+        self.block_hasher = block_hasher
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._ref_counts = [0] * num_blocks
-        self._block_hash: list[int | None] = [None] * num_blocks
+        # Per-block state exists only for blocks taken at least once (ids below
+        # len(self._ref_counts)); ids above are fresh: free, plain, never touched.
+        # Memory follows the blocks in use, not the pool size.
+        self._ref_counts: list[int] = []
+        self._block_hash: list[int | None] = []
         self._hash_to_block: dict[int, int] = {}
-        # Free blocks: those holding nothing reusable (a stack, taken first) and
-        # cached ones still indexed by hash (LRU order, evicted oldest first).
-        self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free blocks once used: those holding nothing reusable (a stack, taken
+        # first, before fresh ids) and cached ones still indexed by hash (LRU
+        # order, evicted oldest first).
+        self._free_plain: list[int] = []
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._tables: dict[int, list[int]] = {}
         self._num_registered: dict[int, int] = {}  # seq_id -> prompt blocks hashed so far
@@ -96,7 +158,9 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no reference (including evictable cached blocks)."""
-        return len(self._free_plain) + len(self._free_cached)
+        return (
+            self.num_blocks - len(self._ref_counts) + len(self._free_plain) + len(self._free_cached)
+        )
 
     @property
     def num_used_blocks(self) -> int:
@@ -113,7 +177,7 @@ class BlockManager:
 
     def _hashes(self, seq: Sequence) -> list[int]:
         if seq.block_hashes is None:
-            seq.block_hashes = compute_block_hashes(seq.request, self.block_size)
+            seq.block_hashes = compute_block_hashes(seq.request, self.block_size, self.block_hasher)
         return seq.block_hashes
 
     def lookup(self, seq: Sequence) -> list[int]:
@@ -187,6 +251,12 @@ class BlockManager:
         self._register(seq, num_tokens)
         return num_hit * self.block_size
 
+    def num_slots(self, seq: Sequence) -> int:
+        """Tokens ``seq``'s blocks can hold now (0 if it holds none): a decode
+        that stays within them needs no block operation."""
+        table = self._tables.get(seq.seq_id)
+        return len(table) * self.block_size if table else 0
+
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """True when ``seq``'s table can be extended to hold ``num_tokens`` tokens."""
         return self.num_blocks_to_grow(seq, num_tokens) <= self.num_free_blocks
@@ -241,32 +311,43 @@ class BlockManager:
         self._ref_counts[block] += 1
 
     def _take(self, num_blocks: int) -> list[int]:
-        """Take ``num_blocks`` free blocks (plain ones first, then LRU cached)."""
+        """Take ``num_blocks`` free blocks (plain ones first, then fresh ids, then
+        LRU cached ones, whose cached content is evicted)."""
         if num_blocks <= 0:
             return []
-        plain = self._free_plain
-        if len(plain) >= num_blocks:
-            blocks = plain[-num_blocks:]
-            del plain[-num_blocks:]
-            refs = self._ref_counts
-            for block in blocks:
-                refs[block] = 1
-            return blocks
-        return [self._take_free() for _ in range(num_blocks)]
+        plain, refs = self._free_plain, self._ref_counts
+        blocks = plain[-num_blocks:]
+        del plain[-num_blocks:]
+        for block in blocks:
+            refs[block] = 1
+        short = num_blocks - len(blocks)
+        if short > 0:
+            start = len(refs)
+            num_fresh = min(short, self.num_blocks - start)
+            refs.extend([1] * num_fresh)
+            self._block_hash.extend([None] * num_fresh)
+            blocks.extend(range(start, start + num_fresh))
+            if short > num_fresh:
+                blocks.extend(self._evict(short - num_fresh))
+        return blocks
 
-    def _take_free(self) -> int:
-        if self._free_plain:
-            block = self._free_plain.pop()
-        else:
-            block, _ = self._free_cached.popitem(last=False)  # least recently freed
-            old = self._block_hash[block]
-            if old is not None:  # evict its cached content
-                self._block_hash[block] = None
-                self._num_evictions += 1
-                if self._hash_to_block.get(old) == block:
-                    del self._hash_to_block[old]
-        self._ref_counts[block] = 1
-        return block
+    def _evict(self, num_blocks: int) -> list[int]:
+        """Take the ``num_blocks`` least recently freed cached blocks, dropping
+        their hashes from the index."""
+        cached, hashes, index, refs = (
+            self._free_cached, self._block_hash, self._hash_to_block, self._ref_counts,
+        )  # fmt: skip
+        blocks = []
+        for _ in range(num_blocks):
+            block, _ = cached.popitem(last=False)
+            old = hashes[block]
+            hashes[block] = None
+            if index.get(old) == block:  # type: ignore[arg-type]
+                del index[old]  # type: ignore[arg-type]
+            refs[block] = 1
+            blocks.append(block)
+        self._num_evictions += 1
+        return blocks
 
     def _register(self, seq: Sequence, num_tokens: int) -> None:
         """Index the full prompt blocks among the first ``num_tokens`` tokens."""
@@ -290,12 +371,14 @@ class BlockManager:
         Raises:
             AssertionError: naming the broken invariant.
         """
-        refs = [0] * self.num_blocks
+        num_touched = len(self._ref_counts)
+        refs = [0] * num_touched
         for table in self._tables.values():
             for block in table:
                 refs[block] += 1
         assert refs == self._ref_counts, "ref counts differ from block tables"
-        free = {b for b in range(self.num_blocks) if refs[b] == 0}
+        assert len(self._block_hash) == num_touched, "per-block lists differ in length"
+        free = {b for b in range(num_touched) if refs[b] == 0}
         listed = [*self._free_plain, *self._free_cached]
         assert len(listed) == len(set(listed)), "a block is listed free twice"
         assert free == set(listed), "free lists differ from unreferenced blocks"
@@ -303,7 +386,7 @@ class BlockManager:
             "hashed block in plain list"
         )
         used = sum(1 for r in refs if r > 0)
-        assert len(listed) + used == self.num_blocks, "free + used != total"
+        assert self.num_free_blocks + used == self.num_blocks, "free + used != total"
         for h, block in self._hash_to_block.items():
             assert self._block_hash[block] == h, f"hash index stale for block {block}"
 

@@ -130,3 +130,4 @@ def _flush(scheduler: Scheduler, on_ended: Callable[[list[Seq]], None]) -> None:
     ended = scheduler.pop_ended()
     if ended:
         on_ended(ended)
+        scheduler.release_steps()

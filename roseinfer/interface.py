@@ -57,7 +57,8 @@ class PolicyOptions:
         chunk_head: ``budget``/``pack``: a head that does not fit the token budget is
             admitted with a chunk that fills the budget (chunked prefill) instead of
             going alone with its whole prompt.
-        extra: third-party knobs from ``--policy-arg key=value`` (strings).
+        extra: third-party knobs from ``--policy-arg key=value`` (strings); the
+            CLI accepts only keys that the chosen classes declare in ``policy_args``.
     """
 
     lookahead: int = 64
@@ -157,6 +158,8 @@ class AdmissionPolicy:
             queue order (the property tests check what a policy declares).
         admits_queue_prefix: declares that every selection is a prefix of the
             waiting queue (strict FIFO; implies ``preserves_arrival_order``).
+        policy_args: the ``options.extra`` keys (``--policy-arg KEY=VALUE``) this
+            class reads; the CLI rejects any other key.
     """
 
     name: ClassVar[str] = ""
@@ -166,6 +169,7 @@ class AdmissionPolicy:
     uses_chunk_head: ClassVar[bool] = False
     preserves_arrival_order: ClassVar[bool] = False
     admits_queue_prefix: ClassVar[bool] = False
+    policy_args: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options if options is not None else PolicyOptions()
@@ -189,7 +193,11 @@ class AdmissionPolicy:
             unless the list holds a single request (an oversize request goes
             alone so nothing deadlocks), and the list holds at most
             ``budget.max_seqs`` requests. Returning an empty list while nothing
-            runs stalls the run and is an error.
+            runs stalls the run and is an error. The scheduler admits in list
+            order and stops at the first request that cannot start this step
+            (KV blocks, step tokens, the partial-prefill cap); each entry is
+            checked when it is taken, so the entries after that one are never
+            looked at (a long answer costs nothing beyond what is admitted).
 
         Default: FIFO, no token limit (the ``fifo`` policy).
         """
@@ -264,15 +272,28 @@ class ComposedPolicy(AdmissionPolicy):
     """The policy a run uses: admission and victim from one plugin class
     (possibly wrapped), loop ordering from another.
 
+    An exception raised inside a plugin's ``admit``, ``order`` or
+    ``select_victim`` is re-raised as :class:`PolicyError` naming the policy, its
+    plugin and the method, so a plugin bug never reads as a bad flag (the
+    original exception is the ``__cause__``).
+
     Args:
         admission: instance answering ``admit`` and ``select_victim``.
         ordering: instance answering ``order``.
+        plugins: the plugins that contributed ``admission`` (its wrappers
+            included) and ``ordering``, for error messages.
     """
 
-    def __init__(self, admission: AdmissionPolicy, ordering: AdmissionPolicy) -> None:
+    def __init__(
+        self,
+        admission: AdmissionPolicy,
+        ordering: AdmissionPolicy,
+        plugins: tuple[str, str] = ("", ""),
+    ) -> None:
         super().__init__(admission.options)
         self.admission = admission
         self.ordering = ordering
+        self.plugins = plugins
         self.label = f"{_label(admission)}+{ordering.name}"
         self.base = _base(admission)
 
@@ -283,15 +304,42 @@ class ComposedPolicy(AdmissionPolicy):
 
     def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Delegate to the admission policy."""
-        return self.admission.admit(waiting, budget, ctx)
+        try:
+            return self.admission.admit(waiting, budget, ctx)
+        except PolicyError:
+            raise
+        except Exception as err:
+            raise self._crash("admit", _label(self.admission), self.plugins[0], err) from err
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Delegate to the loop ordering."""
-        return self.ordering.order(ctx)
+        try:
+            return self.ordering.order(ctx)
+        except PolicyError:
+            raise
+        except Exception as err:
+            raise self._crash("order", self.ordering.name, self.plugins[1], err) from err
 
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
         """Delegate to the admission policy."""
-        return self.admission.select_victim(running, ctx)
+        try:
+            return self.admission.select_victim(running, ctx)
+        except PolicyError:
+            raise
+        except Exception as err:
+            raise self._crash(
+                "select_victim", _label(self.admission), self.plugins[0], err
+            ) from err
+
+    @staticmethod
+    def _crash(method: str, name: str, plugin: str, err: Exception) -> PolicyError:
+        detail = str(err).strip().splitlines()
+        what = f"{type(err).__name__}: {detail[0][:200]}" if detail else type(err).__name__
+        source = f" (plugin {plugin})" if plugin else ""
+        return PolicyError(
+            f"policy {name!r}{source} raised {what} in {method}(); a bug in that plugin, "
+            "not in the flags: report it to its authors or pick another policy"
+        )
 
 
 def _label(policy: AdmissionPolicy) -> str:

@@ -8,6 +8,9 @@ Nothing happens at import: call :func:`load_registry`.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pluggy
@@ -72,12 +75,16 @@ class Registry:
             UnknownPolicyError: for an unknown name.
         """
         admission: AdmissionPolicy = self.policy(policy)(options)
+        plugins = [self.policies[policy].plugin]
         for entry in self.wrappers.values():
             wrapper_cls = entry.cls
             assert issubclass(wrapper_cls, PolicyWrapper)
             if wrapper_cls.enabled(options):
                 admission = wrapper_cls(admission, options)
-        return ComposedPolicy(admission, self.loop_order(loop_order)(options))
+                plugins.append(entry.plugin)
+        ordering = self.loop_order(loop_order)(options)
+        names = (", ".join(dict.fromkeys(plugins)), self.loop_orders[loop_order].plugin)
+        return ComposedPolicy(admission, ordering, names)
 
     def describe(self) -> str:
         """A table of every registered name with its plugin (``--list-policies``)."""
@@ -105,8 +112,23 @@ def _lookup(table: dict[str, Entry], name: str, what: str, flag: str) -> type[Ad
     return entry.cls
 
 
-def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
+Warn = Callable[[str], None]
+"""Where a skipped plugin is reported (the CLIs print ``prog: warning: ...``)."""
+
+
+def _warn_default(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def make_plugin_manager(
+    *, load_entry_points: bool = True, warn: Warn | None = None
+) -> pluggy.PluginManager:
     """A fresh plugin manager with the built-ins and (optionally) entry-point plugins.
+
+    An entry-point plugin that fails to import or to register (e.g. a hook with a
+    wrong signature) is skipped and reported through ``warn`` (default: a
+    ``RuntimeWarning``) naming the entry point, so one broken package never
+    breaks ``--policy fifo`` or ``--list-policies``.
 
     Raises:
         ImportError: if a built-in module cannot be imported.
@@ -116,29 +138,56 @@ def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManag
     for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
     if load_entry_points:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        _load_entry_points(pm, warn or _warn_default)
     return pm
 
 
-def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
+def _load_entry_points(pm: pluggy.PluginManager, warn: Warn) -> None:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+            continue  # NOTE: as pluggy's loader: the first distribution of a name wins
+        try:
+            pm.register(ep.load(), name=ep.name)
+        except Exception as err:  # noqa: BLE001 - any failure of third-party code
+            warn(f"skipped plugin entry point {ep.name!r} ({ep.value}): {_describe(err)}")
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
+
+
+def load_registry(pm: pluggy.PluginManager | None = None, *, warn: Warn | None = None) -> Registry:
     """Collect every plugin's classes into a :class:`Registry`.
+
+    A plugin whose ``register_*`` hook raises is skipped entirely (none of its
+    classes is registered) and reported through ``warn`` (default: a
+    ``RuntimeWarning``); the built-ins' hooks never raise.
 
     Raises:
         ValueError: if two classes claim the same name, or a class lacks a name.
     """
-    pm = pm if pm is not None else make_plugin_manager()
+    warn = warn or _warn_default
+    pm = pm if pm is not None else make_plugin_manager(warn=warn)
     registry = Registry()
     hooks = (
         ("register_admission_policies", registry.policies),
         ("register_loop_orders", registry.loop_orders),
         ("register_policy_wrappers", registry.wrappers),
     )
+    found: list[tuple[dict[str, Entry], type[AdmissionPolicy], str]] = []
+    failed: set[str] = set()
     for hook_name, table in hooks:
-        caller = getattr(pm.hook, hook_name)
-        for impl in caller.get_hookimpls():
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
             plugin = pm.get_name(impl.plugin) or repr(impl.plugin)
-            for cls in impl.function() or []:
-                _add(table, cls, plugin)
+            try:
+                found += [(table, cls, plugin) for cls in impl.function() or []]
+            except Exception as err:  # noqa: BLE001 - any failure of third-party code
+                failed.add(plugin)
+                warn(f"skipped plugin {plugin!r}: its {hook_name} hook raised {_describe(err)}")
+    for table, cls, plugin in found:
+        if plugin not in failed:
+            _add(table, cls, plugin)
     return registry
 
 

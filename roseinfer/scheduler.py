@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
-from roseinfer.block_manager import BlockManager
+from roseinfer.block_manager import BLOCK_HASHERS, BlockManager
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import AdmissionPolicy, Budget, Phase, PolicyContext, PolicyError
 from roseinfer.records import StepLog
@@ -199,7 +199,10 @@ class Scheduler:
                 "(--prefill-max-tokens); use --policy budget or pack, or drop the budget"
             )
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+            config.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            BLOCK_HASHERS[config.prefix_caching_hash_algo],
         )
         self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
@@ -276,6 +279,23 @@ class Scheduler:
         in the order they ended; the scheduler keeps no reference to them."""
         ended, self._ended = self._ended, []
         return ended
+
+    def release_steps(self, min_held: int = 1 << 20) -> None:
+        """Drop the step log's steps that no waiting or running request refers to,
+        once it holds more than ``min_held`` steps (memory flat in run length).
+        Call it after the requests from :meth:`pop_ended` were recorded: their
+        token times come from the steps."""
+        log = self.step_log
+        if log.num_steps - log.first_kept_step <= min_held or self._ended:
+            return
+        oldest = log.num_steps
+        for seq in self._live.values():
+            for first, last in seq.stays:
+                step = first if first is not None else last
+                if step is not None:
+                    oldest = min(oldest, step)
+                    break
+        log.release(oldest)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self, now_s: float, num_decode_steps: int = 1) -> SchedulerOutput:
@@ -376,12 +396,19 @@ class Scheduler:
     def _schedule_decodes(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
         """One token for every decoding request, preempting by recompute when
         the pool is dry (victim chosen by the policy)."""
+        num_slots = self.block_manager.num_slots
+        scheduled = out.scheduled
+        num_decodes = 0
         for seq in list(self.running):
             # a victim preempted earlier in this loop is WAITING now: skip it
-            if not seq.is_decoding or not self._reserve(seq, seq.num_tokens, out, room, now_s):
+            if not seq.is_decoding:
                 continue
-            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True, True))
-            room.take(1, prefill=False)
+            num_tokens = seq.num_tokens
+            if num_slots(seq) < num_tokens and not self._reserve(seq, num_tokens, out, room, now_s):
+                continue
+            scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True, True))
+            num_decodes += 1
+        room.take(num_decodes, prefill=False)
 
     def _schedule_partial_prefills(
         self, out: SchedulerOutput, room: _StepTokens, now_s: float
@@ -479,11 +506,9 @@ class Scheduler:
             num_free_blocks=self.block_manager.num_free_blocks,
             max_batched_tokens=_limit(room.batched),
         )
-        choices = self._validated(
-            self.policy.admit(_WaitingView(self.waiting), budget, ctx), budget, ctx
-        )
+        selection = self.policy.admit(_WaitingView(self.waiting), budget, ctx)
         admitted: set[int] = set()
-        for seq, num_tokens in choices:
+        for seq, num_tokens in self._validated(selection, budget, ctx):
             item = self._admit(seq, num_tokens, out, room, now_s)
             if item is None:
                 break  # keep FIFO semantics: the rest wait (blocks, room, partial cap)
@@ -535,8 +560,11 @@ class Scheduler:
 
     def _validated(
         self, selection: object, budget: Budget, ctx: PolicyContext
-    ) -> list[tuple[Sequence, int | None]]:
-        """The policy's answer as ``(seq, chunk or None)`` pairs, checked.
+    ) -> Iterator[tuple[Sequence, int | None]]:
+        """The policy's answer as ``(seq, chunk or None)`` pairs, each checked as
+        it is taken: admission stops at the first request that cannot start, so
+        the choices after it are neither used nor walked (an admission round
+        costs what it admits, not the length of the answer).
 
         Raises:
             PolicyError: naming the plugin and what is wrong.
@@ -544,39 +572,40 @@ class Scheduler:
         where = f"policy {self.policy_name!r}"
         if not isinstance(selection, list):
             raise PolicyError(f"{where} returned {type(selection).__name__}, expected a list")
-        choices = [self._choice(where, choice, budget, ctx) for choice in selection]
+        if len(selection) > budget.max_seqs:
+            raise PolicyError(
+                f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
+            )
         seen: set[int] = set()
-        for seq, _ in choices:
-            if seq.seq_id in seen:
-                raise PolicyError(f"{where} selected {seq!r} twice")
+        explicit = total = 0
+        for choice in selection:
+            seq, num_tokens = self._choice(where, choice, seen, ctx)
             seen.add(seq.seq_id)
-        if len(choices) > budget.max_seqs:
-            raise PolicyError(
-                f"{where} selected {len(choices)} requests; at most {budget.max_seqs} fit"
-            )
-        explicit = sum(n for _, n in choices if n is not None)
-        if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
-            raise PolicyError(
-                f"{where} asked for {explicit} chunk tokens; the step has "
-                f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
-            )
-        if len(choices) > 1 and budget.max_tokens is not None:
-            total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
-            if total > budget.max_tokens:
+            explicit += num_tokens or 0
+            if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
                 raise PolicyError(
-                    f"{where} selected {total} prompt tokens over a budget of "
-                    f"{budget.max_tokens} (only a single request may exceed it)"
+                    f"{where} asked for {explicit} chunk tokens; the step has "
+                    f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
                 )
-        return choices
+            if budget.max_tokens is not None:
+                total += ctx.cost(seq) if num_tokens is None else num_tokens
+                if len(seen) > 1 and total > budget.max_tokens:
+                    raise PolicyError(
+                        f"{where} selected {total} prompt tokens over a budget of "
+                        f"{budget.max_tokens} (only a single request may exceed it)"
+                    )
+            yield seq, num_tokens
 
     def _choice(
-        self, where: str, choice: object, budget: Budget, ctx: PolicyContext
+        self, where: str, choice: object, seen: set[int], ctx: PolicyContext
     ) -> tuple[Sequence, int | None]:
         seq, num_tokens = (
             choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
         )
         if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
             raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
+        if seq.seq_id in seen:
+            raise PolicyError(f"{where} selected {seq!r} twice")
         if seq.status is not SeqStatus.WAITING:
             raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
         if num_tokens is None:
@@ -629,8 +658,12 @@ class Scheduler:
         return max(num_steps, 1)
 
     def _blocks_to_grow(self, num_steps: int) -> int:
-        bm = self.block_manager
-        return sum(bm.num_blocks_to_grow(s, s.num_tokens + num_steps - 1) for s in self.running)
+        bm, extra = self.block_manager, num_steps - 1
+        return sum(
+            bm.num_blocks_to_grow(s, s.num_tokens + extra)
+            for s in self.running
+            if bm.num_slots(s) < s.num_tokens + extra
+        )
 
     def _extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
         eventful = (
@@ -646,8 +679,11 @@ class Scheduler:
         )
         if eventful:
             raise ValueError(f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()")
+        bm = self.block_manager
         for item in out.scheduled:  # raises RuntimeError if the pool is short
-            self.block_manager.grow(item.seq, item.seq.num_tokens + num_steps - 1)
+            num_tokens = item.seq.num_tokens + num_steps - 1
+            if bm.num_slots(item.seq) < num_tokens:
+                bm.grow(item.seq, num_tokens)
         out.num_steps = num_steps
 
     # ------------------------------------------------------------------ update

@@ -38,6 +38,7 @@ from roseinfer.executor.cli import (  # noqa: E402
     _kv_bytes_per_token,
     _max_model_len,
     _warm_up,
+    check_pool_fits,
     default_num_kv_blocks,
     resolve_device,
     set_num_threads,
@@ -128,6 +129,7 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
         num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
         max_model_len=max_model_len,
     )
+    check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
     runner = ModelRunner(
         model,
         num_kv_blocks=sched_config.num_kv_blocks,
@@ -169,11 +171,12 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
 
 
 def _check_records_path(path: str) -> None:
-    p = Path(path)
-    if p.suffix not in (".csv", ".parquet"):
-        raise CliError(f"--save-records {path!r}: use a .csv or .parquet file name")
-    if p.is_dir() or not p.parent.is_dir():
-        raise CliError(f"--save-records {path!r}: not a file in an existing directory")
+    from roseinfer.metrics.io import RECORD_SUFFIXES, check_output_path
+
+    try:
+        check_output_path(Path(path), "--save-records", RECORD_SUFFIXES)
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def _save_records(args: argparse.Namespace, se: StreamingEngine) -> None:

@@ -10,10 +10,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from roseinfer.cli import (
     ArgumentParser,
@@ -21,6 +26,7 @@ from roseinfer.cli import (
     add_common_args,
     build_workload,
     config_facts,
+    float_in,
     kv_blocks_from_bytes,
     report,
     run_main,
@@ -29,6 +35,7 @@ from roseinfer.cli import (
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
+from roseinfer.sequence import Sequence
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile
@@ -76,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
         help="share of device memory for weights + KV cache, sets the default KV pool "
         f"(default {GPU_MEMORY_UTILIZATION}, as vLLM)",
@@ -87,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan every decode step alone (slower; same result, for checking)",
     )
     parser.set_defaults(block_size=None)  # None: the profile's, else DEFAULT_BLOCK_SIZE
+    # NOTE: nobody crafts colliding prompts in a simulation, and SHA-256 made a 2,000-request
+    # synthetic run with 1,024-token prompts 1.45-1.59x slower (benchmarks/input_costs.py).
+    parser.set_defaults(prefix_caching_hash_algo="builtin")
     return parser
 
 
@@ -94,15 +104,16 @@ def load_model_spec(name: str) -> ModelSpec:
     """A built-in model spec, or one read from a transformers ``config.json``.
 
     Raises:
-        CliError: if the file cannot be read.
+        CliError: if the file cannot be read or holds no valid model shape.
     """
     path = Path(name)
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         try:
             return model_spec_from_hf_config(json.loads(file.read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as err:
-            raise CliError(f"cannot read a model config from {file}: {err}") from None
+        except (OSError, ValueError, KeyError, RecursionError) as err:
+            detail = str(err).strip()[:200] or type(err).__name__
+            raise CliError(f"cannot read a model config from {file}: {detail}") from None
     return get_model_spec(name)
 
 
@@ -110,18 +121,20 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
     """KV blocks from ``--kv-cache-memory-gb`` or from device memory left after weights.
 
     Raises:
-        CliError: if the weights alone do not fit the device.
+        CliError: if the weights alone do not fit the device, or the memory holds no block.
     """
+    block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
     if args.kv_cache_memory_gb is not None:
         num_bytes = args.kv_cache_memory_gb * 2**30
-    else:
-        num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
-        if num_bytes <= 0:
-            raise CliError(
-                f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
-                f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
-            )
-    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
+        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size)
+    num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
+    if num_bytes <= 0:
+        raise CliError(
+            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
+            f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
+        )
+    source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
+    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size, source)
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,8 @@ class _Setup:
 def _roofline_setup(args: argparse.Namespace) -> _Setup:
     model = load_model_spec(args.model or DEFAULT_MODEL)
     device = get_device_spec(args.device or DEFAULT_DEVICE)
-    args.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    if args.block_size is None:
+        args.block_size = DEFAULT_BLOCK_SIZE
     num_blocks = default_num_kv_blocks(args, model, device)
     cost_model = make_cost_model(model, device)
     return _Setup(cost_model, model, device.name, num_blocks, model.max_model_len, {})
@@ -172,7 +186,7 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     wanted = {
         "model": None if profile.same_shape(model) else model.name,
         "block_size": args.block_size,
-        "num_kv_blocks": args.num_kv_blocks or num_blocks,
+        "num_kv_blocks": num_blocks if args.num_kv_blocks is None else args.num_kv_blocks,
         "max_model_len": args.max_model_len,
     }
     profiled = {"model": None, **profile.scheduler_defaults()}
@@ -202,7 +216,11 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
     )
-    result = simulate(requests, config, cost_model, registry=registry, jump=not args.no_jump)
+    with _progress(len(requests), quiet=args.quiet) as on_ended:
+        result = simulate(
+            requests, config, cost_model, registry=registry, jump=not args.no_jump,
+            keep_token_times=args.save_records is not None, on_ended=on_ended,
+        )  # fmt: skip
     extra = {
         "backend": "sim",
         "policy": result.policy,
@@ -218,12 +236,33 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "num_steps": result.num_steps,
     }
     title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
+    report(
+        args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+        itl=result.itl,
+    )  # fmt: skip
     if not args.quiet:
         print(
             f"simulated {len(requests)} requests, {result.num_steps} steps "
             f"in {result.wall_s:.2f} s wall"
         )
+
+
+@contextlib.contextmanager
+def _progress(num_requests: int, *, quiet: bool) -> Iterator[Callable[[list[Sequence]], None]]:
+    """A progress bar on stderr (requests ended, simulated time) that appears
+    only when a run lasts more than 2 s wall; none with ``--quiet``."""
+    with tqdm(
+        total=num_requests, desc="simulating", unit="req", disable=quiet, delay=2.0,
+        file=sys.stderr, mininterval=0.5,
+    ) as bar:  # fmt: skip
+
+        def on_ended(seqs: list[Sequence]) -> None:
+            bar.update(len(seqs))
+            last = seqs[-1].finish_s
+            if last is not None and bar.n % 512 < len(seqs):
+                bar.set_postfix_str(f"sim time {last:,.0f} s", refresh=False)
+
+        yield on_ended
 
 
 def main() -> int:
