@@ -110,8 +110,6 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
     """
     from roseinfer.serve.tokenizer import load_tokenizer
 
-    if args.max_waiting < 1:
-        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     device = resolve_device(args.device)
     set_num_threads(args.num_threads)
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
@@ -151,8 +149,6 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
     from roseinfer.serve.metrics import ServerMetrics
     from roseinfer.serve.protocol import ModelContext
 
-    if args.save_records is not None:
-        _check_records_path(args.save_records)
     se, config = build_engine(args, registry)
     ctx = ModelContext(
         name=args.served_model_name or args.model,
@@ -168,6 +164,23 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def check_serve_args(args: argparse.Namespace, registry: Registry) -> None:
+    """Every check that needs no model (before torch work): ``--max-waiting``,
+    the KV pool flags, policy knobs, the device, the records path.
+
+    Raises:
+        CliError: naming the flag and the fix.
+    """
+    if args.max_waiting < 1:
+        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
+        raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
+    policy_options(args, registry)
+    resolve_device(args.device)
+    if args.save_records is not None:
+        _check_records_path(args.save_records)
 
 
 def _check_records_path(path: str) -> None:
@@ -192,7 +205,7 @@ def _save_records(args: argparse.Namespace, se: StreamingEngine) -> None:
 def main() -> int:
     """Entry point of ``rose-serve``."""
     torch.set_grad_enabled(False)
-    return run_main("rose-serve", build_parser(), _serve)
+    return run_main("rose-serve", build_parser(), _serve, check_serve_args)
 
 
 if __name__ == "__main__":

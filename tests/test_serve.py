@@ -391,10 +391,20 @@ def test_metrics_parse_and_count(server):
     assert value["roseinfer_prefix_cache_queries_total"] > 0
 
 
-def test_cli_bad_flag_is_one_error_line(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["rose-serve", "--model", NAME, "--max-waiting", "0"])
+@pytest.mark.parametrize(
+    ("flags", "names"),
+    [
+        (["--max-waiting", "0"], "--max-waiting"),
+        (["--save-records", f"{__file__}/r.csv"], "--save-records"),  # under a file
+        (["--save-records", "records.txt"], "--save-records"),
+        (["--num-kv-blocks", "8", "--kv-cache-memory-gb", "1"], "--num-kv-blocks"),
+    ],
+)
+def test_cli_bad_flag_is_one_error_line_before_any_model_work(monkeypatch, capsys, flags, names):
+    monkeypatch.setattr(sys, "argv", ["rose-serve", "--model", NAME, *flags])
+    monkeypatch.setattr(cli, "build_engine", lambda *a: pytest.fail("built a model"))
     with pytest.raises(SystemExit) as info:
         cli.main()
     assert info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rose-serve: error: --max-waiting")
+    assert len(lines) == 1 and lines[0].startswith("rose-serve: error: ") and names in lines[0]
