@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_engine_args(parser)
     _add_executor_args(parser.add_argument_group("executor"))
+    parser.set_defaults(prefix_caching_hash_algo="sha256")  # clients' prompts: collision-resistant
     return parser
 
 

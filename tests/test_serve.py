@@ -408,3 +408,24 @@ def test_cli_bad_flag_is_one_error_line_before_any_model_work(monkeypatch, capsy
     assert info.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rose-serve: error: ") and names in lines[0]
+
+
+def test_cli_flags_build_a_serving_engine():
+    """rose-serve's flags, parsed and checked as main() does, give an engine that serves."""
+    from roseinfer.registry import load_registry
+
+    args = cli.build_parser().parse_args(
+        ["--model", NAME, "--device", "cpu", "--no-warmup", "--num-kv-blocks", "32",
+         "--max-num-seqs", "4", "--max-waiting", "3", "--policy", "budget",
+         "--prefill-max-tokens", "64"]
+    )  # fmt: skip
+    registry = load_registry()
+    cli.check_serve_args(args, registry)
+    se, config = cli.build_engine(args, registry)
+    try:
+        assert se.max_waiting == 3 and config.vocab_size == VOCAB
+        assert se.engine.scheduler.config.prefix_caching_hash_algo == "sha256"
+        assert se.tokenizer.decode([5, 6]) == "t5 t6"  # the synthetic vocabulary
+        assert len(se.generate("t5 t6 t7", max_tokens=3, sampling=SamplingParams())) == 3
+    finally:
+        se.close()
