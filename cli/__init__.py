@@ -141,6 +141,12 @@ def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None =
     _add_output_args(parser.add_argument_group("output"))
 
 
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add only the policy and scheduler flags (a server: no workload, no summary)."""
+    _add_policy_args(parser.add_argument_group("policy"))
+    _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
+
+
 def _add_workload_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--trace", type=Path, help="trace file (Azure CSV, Mooncake JSONL, plain CSV/JSONL)"

@@ -15,7 +15,7 @@ class SamplingParams:
 
     Attributes:
         temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / T).
-        top_k: keep the k most likely tokens; 0 disables.
+        top_k: keep the k most likely tokens; 0 (or -1, vLLM's value) disables.
         top_p: nucleus sampling mass in (0, 1]; 1 disables.
         seed: per-request seed for a reproducible sample; None draws from the
             engine's seeded generator.
@@ -24,7 +24,7 @@ class SamplingParams:
         stop_token_ids: extra token ids that end the request (besides EOS).
 
     Raises:
-        ValueError: on a negative temperature or top_k, or top_p outside (0, 1].
+        ValueError: on a negative temperature, top_k < -1, or top_p outside (0, 1].
     """
 
     temperature: float = 0.0
@@ -37,8 +37,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be >= 0, or -1 (0 and -1 disable), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
