@@ -258,15 +258,16 @@ class BlockManager:
         num_hit = len(table)
         table.extend(self._take(self.blocks_for(num_tokens) - num_hit))
         self._tables[seq.seq_id] = table
+        seq.kv_slots = len(table) * self.block_size
         self._num_registered[seq.seq_id] = num_hit
         self._register(seq, num_tokens)
         return num_hit * self.block_size
 
     def num_slots(self, seq: Sequence) -> int:
         """Tokens ``seq``'s blocks can hold now (0 if it holds none): a decode
-        that stays within them needs no block operation."""
-        table = self._tables.get(seq.seq_id)
-        return len(table) * self.block_size if table else 0
+        that stays within them needs no block operation. Also kept on the
+        sequence as ``seq.kv_slots`` for hot loops."""
+        return seq.kv_slots
 
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """True when ``seq``'s table can be extended to hold ``num_tokens`` tokens."""
@@ -289,6 +290,7 @@ class BlockManager:
             if num_new > self.num_free_blocks:
                 raise RuntimeError(f"not enough free KV blocks to grow {seq}")
             table.extend(self._take(num_new))
+            seq.kv_slots = len(table) * self.block_size
         if self.enable_prefix_caching and self._num_registered[seq.seq_id] < min(
             len(self._hashes(seq)), num_tokens // self.block_size
         ):
@@ -298,6 +300,7 @@ class BlockManager:
         """Drop ``seq``'s references. Tail blocks are freed first, so they are
         evicted before the shared prefix blocks (vLLM frees in reverse order)."""
         table = self._tables.pop(seq.seq_id, None)
+        seq.kv_slots = 0
         self._num_registered.pop(seq.seq_id, None)
         if table is None:
             return

@@ -48,9 +48,10 @@ from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ScheduledSeq:
-    """One request's share of a step.
+    """One request's share of a step (read-only by convention: not frozen, since
+    one is built per request per step and a frozen init costs 4x).
 
     Attributes:
         seq: the request's state.
@@ -368,10 +369,15 @@ class Scheduler:
                 out.preempted[:0] = preempted
                 return out
             preempted += out.preempted
+        # A whole iteration ran nothing (e.g. a prefill-only order with no room to
+        # admit, or decode phases whose only decode was preempted): run the work
+        # that is left, so running requests never idle.
         if len(self.running) > self.num_prefilling:
-            # A whole iteration ran nothing (e.g. a prefill-only order with no room
-            # to admit): decode so running requests never idle.
-            out = self._plan(Phase.DECODE, now_s)
+            fallback: Phase | None = Phase.DECODE
+        else:
+            fallback = Phase.PREFILL if self._has_prefill_work() else None
+        if fallback is not None:
+            out = self._plan(fallback, now_s)
             out.preempted[:0] = preempted
             return out
         return SchedulerOutput(self.step_log.num_steps, None, preempted=preempted)
@@ -492,15 +498,15 @@ class Scheduler:
     def _schedule_decodes(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
         """One token for every decoding request, preempting by recompute when
         the pool is dry (victim chosen by the policy)."""
-        num_slots = self.block_manager.num_slots
         scheduled = out.scheduled
         num_decodes = 0
+        running = SeqStatus.RUNNING
         for seq in list(self.running):
             # a victim preempted earlier in this loop is WAITING now: skip it
-            if not seq.is_decoding:
+            if seq.status is not running or seq.in_prefill:
                 continue
-            num_tokens = seq.num_tokens
-            if num_slots(seq) < num_tokens and not self._reserve(seq, num_tokens, out, room, now_s):
+            num_tokens = seq.request.num_prompt_tokens + seq.num_output_tokens
+            if seq.kv_slots < num_tokens and not self._reserve(seq, num_tokens, out, room, now_s):
                 continue
             scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True, True))
             num_decodes += 1
@@ -760,28 +766,32 @@ class Scheduler:
         return sum(
             bm.num_blocks_to_grow(s, s.num_tokens + extra)
             for s in self.running
-            if bm.num_slots(s) < s.num_tokens + extra
+            if s.kv_slots < s.num_tokens + extra
         )
 
     def _extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
-        eventful = (
+        if (
             out.preempted
             or len(out.scheduled) != len(self.running)
             or (self.waiting and self._free_seats() > 0)
-            or any(
-                not item.is_decode
-                or item.seq.remaining_output_tokens < num_steps
-                or not item.seq.request.sampling.ignore_eos
-                for item in out.scheduled
-            )
-        )
-        if eventful:
+        ):
             raise ValueError(f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()")
-        bm = self.block_manager
-        for item in out.scheduled:  # raises RuntimeError if the pool is short
-            num_tokens = item.seq.num_tokens + num_steps - 1
-            if bm.num_slots(item.seq) < num_tokens:
-                bm.grow(item.seq, num_tokens)
+        growing = []
+        for item in out.scheduled:  # one pass: check every item, note who needs blocks
+            seq = item.seq
+            if (
+                not item.is_decode
+                or seq.remaining_output_tokens < num_steps
+                or not seq.request.sampling.ignore_eos
+            ):
+                raise ValueError(
+                    f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()"
+                )
+            num_tokens = seq.num_tokens + num_steps - 1
+            if seq.kv_slots < num_tokens:
+                growing.append((seq, num_tokens))
+        for seq, num_tokens in growing:  # raises RuntimeError if the pool is short
+            self.block_manager.grow(seq, num_tokens)
         out.num_steps = num_steps
 
     # ------------------------------------------------------------------ update
@@ -812,15 +822,25 @@ class Scheduler:
         self.max_used_blocks = max(self.max_used_blocks, self.block_manager.num_used_blocks)
         tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
         finished: list[Sequence] = []
+        num_steps, end_s = out.num_steps, float(ends[-1])
         for item in out.scheduled:
             seq = item.seq
-            seq.num_computed_tokens = item.num_context_tokens + out.num_steps - 1
+            if item.is_decode and tokens is None and seq.stays[-1][0] is not None:
+                # fast path (simulator decodes): count the tokens, finish on length
+                seq.num_computed_tokens = item.num_computed_tokens + num_steps
+                seq.num_output_tokens += num_steps
+                if seq.num_output_tokens < seq.request.max_output_tokens:
+                    continue
+                self._finish_running(seq, end_s)
+                finished.append(seq)
+                continue
+            seq.num_computed_tokens = item.num_context_tokens + num_steps - 1
             if not item.samples:
                 continue
             if not item.is_decode:
                 seq.in_prefill = False  # its prefill is complete
                 self.num_prefilling -= 1
-            if self._append_tokens(item, out, tokens, float(ends[-1])):
+            if self._append_tokens(item, out, tokens, end_s):
                 finished.append(seq)
         if finished:
             done = {s.seq_id for s in finished}
@@ -846,10 +866,13 @@ class Scheduler:
             stop = not sampling.ignore_eos and token in sampling.stop_token_ids
         if not stop and seq.remaining_output_tokens > 0:
             return False
+        self._finish_running(seq, end_s, stop_reason="stop" if stop else "length")
+        return True
+
+    def _finish_running(self, seq: Sequence, end_s: float, stop_reason: str = "length") -> None:
         self._close_stay(seq)
         self.block_manager.free(seq)
-        self._end(seq, SeqStatus.FINISHED, end_s, stop_reason="stop" if stop else "length")
-        return True
+        self._end(seq, SeqStatus.FINISHED, end_s, stop_reason=stop_reason)
 
     def _close_stay(self, seq: Sequence) -> None:
         if seq.stays and seq.stays[-1][1] is None:

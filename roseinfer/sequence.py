@@ -72,6 +72,7 @@ class Sequence:
         "in_prefill",
         "block_hashes",
         "prefix_hit",
+        "kv_slots",
     )
 
     def __init__(self, seq_id: int, request: Request) -> None:
@@ -91,6 +92,7 @@ class Sequence:
         self.in_prefill = False
         self.block_hashes: list[int] | None = None
         self.prefix_hit: object | None = None
+        self.kv_slots = 0  # tokens its KV blocks hold (kept by the BlockManager)
 
     @property
     def request_id(self) -> str:

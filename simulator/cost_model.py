@@ -85,6 +85,16 @@ class BatchShape:
             raise ValueError("decode_context_tokens must be >= 1")
 
     @classmethod
+    def trusted(cls, new: np.ndarray, context: np.ndarray, decode: np.ndarray) -> BatchShape:
+        """A shape from int64 arrays already known valid (built from a scheduler
+        output), without the checks: the simulator makes one per step."""
+        shape = object.__new__(cls)
+        object.__setattr__(shape, "prefill_new_tokens", new)
+        object.__setattr__(shape, "prefill_context_tokens", context)
+        object.__setattr__(shape, "decode_context_tokens", decode)
+        return shape
+
+    @classmethod
     def decode(cls, context_tokens: object) -> BatchShape:
         """A pure-decode step over sequences with these context lengths."""
         return cls(decode_context_tokens=_as_tokens(context_tokens, "context_tokens"))

@@ -73,7 +73,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     new = np.fromiter((p.num_new_tokens for p in prefills), np.int64, len(prefills))
     context = np.fromiter((p.num_context_tokens for p in prefills), np.int64, len(prefills))
     decode_ctx = np.fromiter((d.num_context_tokens for d in decodes), np.int64, len(decodes))
-    return BatchShape(new, context, decode_ctx)
+    return BatchShape.trusted(new, context, decode_ctx)
 
 
 class CostModelBackend:

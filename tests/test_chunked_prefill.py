@@ -170,6 +170,32 @@ def test_regression_a_four_phase_order_never_idles_running_requests(registry) ->
     assert len(outs) == 18  # every step runs something: 2 prefills + 16 decodes
 
 
+class DecodeHeavy(AdmissionPolicy):
+    """A loop order of decode phases only (the prefill runs on the fallback)."""
+
+    name = "decode-heavy"
+
+    def order(self, ctx):  # type: ignore[no-untyped-def]
+        return (Phase.DECODE, Phase.DECODE)
+
+
+def test_regression_decode_phases_that_preempt_their_decode_leave_no_stall(registry) -> None:
+    """Before (found by the VTC property test): an iteration of decode phases whose
+    only decode preempted itself for blocks ran nothing, and the fallback decoded
+    only, so a request mid-prefill sat there and the run ended in a false stall."""
+    reg = Registry(dict(registry.policies), dict(registry.loop_orders), registry.wrappers)
+    reg.loop_orders["decode-heavy"] = Entry(DecodeHeavy, "test")
+    sched = make_scheduler(
+        reg, loop_order="decode-heavy", block_size=2, num_kv_blocks=8, max_num_seqs=3,
+        enable_chunked_prefill=True, long_prefill_token_threshold=1, max_model_len=64,
+    )  # fmt: skip
+    for i, (prompt, output) in enumerate([(9, 1), (8, 2), (1, 1)]):
+        sched.add_request(req(i, prompt, output), 0.0)
+    drive(sched)
+    df = records_of(sched)
+    assert (df.status == "finished").all() and not sched.has_unfinished()
+
+
 def _policy_registry(registry, admit) -> Registry:  # type: ignore[no-untyped-def]
     cls = type("Chunky", (AdmissionPolicy,), {"name": "chunky", "admit": admit})
     reg = Registry(dict(registry.policies), registry.loop_orders, registry.wrappers)
