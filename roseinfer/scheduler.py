@@ -663,10 +663,15 @@ class Scheduler:
     def _validated(
         self, selection: object, budget: Budget, ctx: PolicyContext
     ) -> Iterator[tuple[Sequence, int | None]]:
-        """The policy's answer as ``(seq, chunk or None)`` pairs, each checked as
-        it is taken: admission stops at the first request that cannot start, so
-        the choices after it are neither used nor walked (an admission round
-        costs what it admits, not the length of the answer).
+        """The policy's answer as ``(seq, chunk or None)`` pairs, checked.
+
+        Admission stops at the first request that cannot start, so without a
+        prompt-token budget each choice is checked as it is taken and the ones
+        after the stop are never walked (a round costs what it admits). With a
+        budget or explicit chunks, the whole answer is checked first: costs must
+        be read before admissions change the prefix cache (an eviction raises a
+        later request's cost, a new cached block lowers it), and such an answer
+        is short anyway (every cost is >= 1 token).
 
         Raises:
             PolicyError: naming the plugin and what is wrong.
@@ -678,8 +683,24 @@ class Scheduler:
             raise PolicyError(
                 f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
             )
+        checked = self._checked_choices(where, selection, budget, ctx)
+        if budget.max_tokens is None and not any(isinstance(c, tuple) for c in selection):
+            return checked
+        choices = list(checked)
+        if len(choices) > 1 and budget.max_tokens is not None:
+            total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
+            if total > budget.max_tokens:
+                raise PolicyError(
+                    f"{where} selected {total} prompt tokens over a budget of "
+                    f"{budget.max_tokens} (only a single request may exceed it)"
+                )
+        return iter(choices)
+
+    def _checked_choices(
+        self, where: str, selection: list, budget: Budget, ctx: PolicyContext
+    ) -> Iterator[tuple[Sequence, int | None]]:
         seen: set[int] = set()
-        explicit = total = 0
+        explicit = 0
         for choice in selection:
             seq, num_tokens = self._choice(where, choice, seen, ctx)
             seen.add(seq.seq_id)
@@ -689,13 +710,6 @@ class Scheduler:
                     f"{where} asked for {explicit} chunk tokens; the step has "
                     f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
                 )
-            if budget.max_tokens is not None:
-                total += ctx.cost(seq) if num_tokens is None else num_tokens
-                if len(seen) > 1 and total > budget.max_tokens:
-                    raise PolicyError(
-                        f"{where} selected {total} prompt tokens over a budget of "
-                        f"{budget.max_tokens} (only a single request may exceed it)"
-                    )
             yield seq, num_tokens
 
     def _choice(
