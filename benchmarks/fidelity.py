@@ -24,7 +24,6 @@ A missing ``--profile`` file is made first (``rose-run profile`` machinery).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -186,7 +185,7 @@ def main() -> int:
     cases, md = [], []
     for trace in args.traces:
         reqs, name = trace_slice(args, trace, base.max_model_len, int(hf_config.vocab_size))
-        capacity = estimate_capacity(reqs, dataclasses.replace(base), cost_model)
+        capacity = estimate_capacity(reqs, base, cost_model)
         for load in args.loads:
             print(f"{name} @ {load:.0%} of {capacity:.3f} req/s", file=sys.stderr)
             report = run_case(args, reqs, load, capacity, combos, cost_model, real)
@@ -195,12 +194,17 @@ def main() -> int:
             cases.append({"trace": trace, "workload": name, "load": load,
                           "capacity_req_s": capacity, "request_rate": load * capacity,
                           **report.to_json()})  # fmt: skip
-    doc = {"profile": str(args.profile), "profile_label": profile.label,
-           "cost_model": cost_model.describe(), "machine_before": facts_before,
+            write_outputs(args.output, _doc(args, profile, facts_before, start, cases), md)
+    print(args.output.with_suffix(".md").read_text())
+    return 0
+
+
+def _doc(args, profile, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The JSON document so far (written after every case, so a cut run keeps its cases)."""
+    return {"profile": str(args.profile), "profile_label": profile.label,
+           "cost_model": profile.cost_model().describe(), "machine_before": facts_before,
            "machine_after": machine_facts(args), "wall_s": time.perf_counter() - start,
            "cases": cases}  # fmt: skip
-    write_outputs(args.output, doc, md)
-    return 0
 
 
 def write_outputs(output: Path, doc: dict[str, Any], md: list[str]) -> None:
@@ -217,7 +221,6 @@ def write_outputs(output: Path, doc: dict[str, Any], md: list[str]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     output.with_suffix(".md").write_text("\n".join(header + md) + "\n")
-    print("\n".join(header + md))
 
 
 if __name__ == "__main__":
