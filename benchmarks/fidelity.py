@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arrival rates as fractions of the simulated capacity")  # fmt: skip
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--loop-orders", nargs="+", default=list(LOOP_ORDERS))
+    p.add_argument("--only", nargs="+", metavar="POLICY/ORDER",
+                   help="keep only these combinations of the grid, e.g. fifo/mixed")  # fmt: skip
     p.add_argument("--prefill-max-tokens", type=int, default=DEFAULT_PREFILL_MAX_TOKENS,
                    help="budget/pack admission budget")  # fmt: skip
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
@@ -181,6 +183,11 @@ def main() -> int:
     combos = default_combinations(base, args.policies, args.loop_orders,
                                   prefill_max_tokens=args.prefill_max_tokens,
                                   chunk_tokens=args.chunk_tokens)  # fmt: skip
+    if args.only:
+        unknown = set(args.only) - {c.name for c in combos}
+        if unknown:
+            raise SystemExit(f"fidelity: error: --only {sorted(unknown)} not in the grid")
+        combos = [c for c in combos if c.name in args.only]
     real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)
     cases, md = [], []
     for trace in args.traces:
