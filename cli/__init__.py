@@ -9,6 +9,9 @@ command name. Bad input ends with one ``error:`` line, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,13 +24,20 @@ from roseinfer import workloads
 from roseinfer.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_SEQS,
+    PREFIX_CACHING_HASH_ALGOS,
     SCHEDULER_PRESETS,
     SchedulerConfig,
 )
 from roseinfer.interface import PolicyError, PolicyOptions
 from roseinfer.metrics import (
+    RECORD_SUFFIXES,
+    LogHistogram,
+    check_output_path,
     format_summary,
     parse_goodput,
+    per_class,
+    per_tenant,
+    service_fairness,
     summarize,
     write_records,
     write_result,
@@ -35,11 +45,78 @@ from roseinfer.metrics import (
 from roseinfer.registry import Registry, UnknownPolicyError, load_registry
 from roseinfer.request import Request
 
-WORKLOADS = ("azure-conv-sample", "synthetic", *(f"seed-{n}" for n in workloads.SEED_WORKLOADS))
+WORKLOADS = (
+    "azure-conv-sample",
+    "synthetic",
+    "two-tenant",
+    *(f"seed-{n}" for n in workloads.SEED_WORKLOADS),
+)
+MAX_INT_FLAG = 2**31 - 1
+"""Largest value of a count flag (tokens, sequences): int32, the index type of tensors."""
+MAX_BLOCK_SIZE = 4096
+"""Largest ``--block-size``: 8x Mooncake's 512-token blocks; vLLM allows at most 256."""
+MAX_NUM_KV_BLOCKS = 2**24
+"""Largest KV pool in blocks: the block manager keeps Python lists per block (about
+100 B each, so 1.6 GB of host memory here); a larger pool needs a larger block size."""
+MAX_SEED = 2**63 - 1
+"""Largest ``--seed``: torch and numpy take any non-negative int64."""
 
 
 class CliError(ValueError):
     """A bad flag or flag combination (message names it and the fix)."""
+
+
+def int_in(lo: int, hi: int = MAX_INT_FLAG) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[lo, hi]`` (the error names the range)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {_clip(text)!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer in [{lo}, {hi}], got {_clip(text)!r}"
+            )
+        return value
+
+    return parse
+
+
+def float_in(
+    lo: float, hi: float = math.inf, *, lo_open: bool = False, allow_inf: bool = False
+) -> Callable[[str], float]:
+    """An argparse ``type``: a number in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``),
+    never NaN, and infinite only with ``allow_inf`` (the error names the range)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {_clip(text)!r}") from None
+        in_range = (lo < value if lo_open else lo <= value) and value <= hi
+        if not in_range or (math.isinf(value) and not allow_inf):
+            what = _range(lo, hi, lo_open, allow_inf)
+            raise argparse.ArgumentTypeError(f"must be {what}, got {_clip(text)!r}")
+        return value
+
+    return parse
+
+
+def _range(lo: float, hi: float, lo_open: bool, allow_inf: bool) -> str:
+    if math.isfinite(hi):
+        return f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    kind = "a number" if allow_inf else "a finite number"
+    bound = "" if math.isinf(lo) else f" {'>' if lo_open else '>='} {lo:g}"
+    return f"{kind}{bound}{' (or inf)' if allow_inf else ''}"
+
+
+def _clip(text: str, max_chars: int = 40) -> str:
+    return text if len(text) <= max_chars else text[:max_chars] + "..."
+
+
+POSITIVE = int_in(1)
+"""argparse type of a count flag: an integer in [1, 2^31 - 1]."""
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -51,12 +128,23 @@ class ArgumentParser(argparse.ArgumentParser):
         _die(self.prog, f"{message} (see {self.prog} --help)")
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """Add the workload, policy, scheduler and output flags to ``parser``."""
+def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None = None) -> None:
+    """Add the workload, policy, scheduler and output flags to ``parser``, and one
+    flag per typed option a registered plugin declares (``option_specs``)."""
     _add_workload_args(parser.add_argument_group("workload"))
     _add_policy_args(parser.add_argument_group("policy"))
+    _add_plugin_option_args(
+        parser.add_argument_group("policy options (declared by the plugins; see --list-policies)"),
+        registry if registry is not None else load_registry(),
+    )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
     _add_output_args(parser.add_argument_group("output"))
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add only the policy and scheduler flags (a server: no workload, no summary)."""
+    _add_policy_args(parser.add_argument_group("policy"))
+    _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
 
 
 def _add_workload_args(g: argparse._ArgumentGroup) -> None:
@@ -73,37 +161,44 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         "--workload",
         choices=WORKLOADS,
         help="built-in workload when no --trace: the embedded Azure conv sample "
-        "(default), a seed experiment, or 'synthetic' (the knobs below)",
+        "(default), a seed experiment, 'synthetic' (the knobs below), or 'two-tenant' "
+        "(tenants heavy at 20 req/s and light at 2 req/s for 120 s, same lengths)",
     )
-    g.add_argument("--num-requests", type=int, help="use the first N requests")
-    g.add_argument("--start-s", type=float, help="skip requests arriving before this time (s)")
-    g.add_argument("--end-s", type=float, help="drop requests arriving after this time (s)")
+    g.add_argument("--num-requests", type=POSITIVE, help="use the first N requests")
+    g.add_argument(
+        "--start-s", type=float_in(-math.inf), help="skip requests arriving before this time (s)"
+    )
+    g.add_argument(
+        "--end-s", type=float_in(-math.inf), help="drop requests arriving after this time (s)"
+    )
     g.add_argument(
         "--request-rate",
-        type=float,
+        type=float_in(0, lo_open=True, allow_inf=True),
         help="re-draw arrivals at this rate (req/s; 'inf' = all at t=0), as vLLM bench; "
         "default: keep the trace's times",
     )
     g.add_argument(
         "--burstiness",
-        type=float,
+        type=float_in(0, lo_open=True),
         default=1.0,
         help="gamma shape of inter-arrival gaps with --request-rate (default 1 = Poisson), as vLLM bench",
     )
     g.add_argument(
         "--seed",
-        type=int,
+        type=int_in(0, MAX_SEED),
         default=0,
         help="random seed: arrivals, made-up tokens, sampling (default 0)",
     )
-    g.add_argument("--prompt-tokens", type=int, help="synthetic: base prompt length in tokens")
+    g.add_argument("--prompt-tokens", type=POSITIVE, help="synthetic: base prompt length in tokens")
     g.add_argument(
         "--prompt-repeats",
         help="synthetic: comma-separated repeat counts of the base prompt, cycled per "
         "request (seed 031: '1,1,1,64')",
     )
-    g.add_argument("--output-tokens", type=int, help="synthetic: output tokens per request")
-    g.add_argument("--submit-interval-ms", type=float, help="synthetic: gap between arrivals (ms)")
+    g.add_argument("--output-tokens", type=POSITIVE, help="synthetic: output tokens per request")
+    g.add_argument(
+        "--submit-interval-ms", type=float_in(0), help="synthetic: gap between arrivals (ms)"
+    )
     g.add_argument(
         "--unique-prompts",
         action=argparse.BooleanOptionalAction,
@@ -120,7 +215,9 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--loop-order",
         help="loop ordering: prefill-first (default), decode-first, mixed, prefill-priority",
     )
-    g.add_argument("--lookahead", type=int, help="pack: waiting requests looked at (default 64)")
+    g.add_argument(
+        "--lookahead", type=POSITIVE, help="pack: waiting requests looked at (default 64)"
+    )
     g.add_argument(
         "--chunk-head",
         action="store_true",
@@ -129,7 +226,7 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--force-fifo-every",
-        type=int,
+        type=int_in(0),
         default=0,
         help="strict FIFO every N-th admission round (default 0 = off)",
     )
@@ -138,11 +235,24 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra knob for a third-party policy (repeatable)",
+        help="a knob a plugin declares, as KEY=VALUE (repeatable; an unknown key is an error)",
     )
     g.add_argument(
         "--list-policies", action="store_true", help="list every registered policy and exit"
     )
+
+
+def _add_plugin_option_args(g: argparse._ArgumentGroup, registry: Registry) -> None:
+    for spec in registry.all_option_specs().values():
+        choices = f" ({', '.join(map(str, spec.choices))})" if spec.choices else ""
+        kwargs: dict[str, Any] = {"dest": spec.name, "default": None, "help": spec.help + choices}
+        if spec.type is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["metavar"] = spec.type.__name__.upper()
+        # a name that clashes with a built-in flag stays reachable through --policy-arg
+        with contextlib.suppress(argparse.ArgumentError):
+            g.add_argument(spec.flag, **kwargs)
 
 
 def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
@@ -154,23 +264,23 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--prefill-max-tokens",
-        type=int,
+        type=POSITIVE,
         help="prompt tokens prefilled per step, running chunks first (the seeds' token "
         "budget; admission honours it with budget/pack)",
     )
     g.add_argument(
         "--prefill-max-seqs",
-        type=int,
+        type=POSITIVE,
         help="requests admitted per step (default: --max-num-seqs)",
     )
     g.add_argument(
         "--max-num-seqs",
-        type=int,
+        type=POSITIVE,
         help=f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
     )
     g.add_argument(
         "--max-num-batched-tokens",
-        type=int,
+        type=POSITIVE,
         help="tokens computed per step, decodes included, as vLLM (default: no limit)",
     )
     g.add_argument(
@@ -182,24 +292,28 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--long-prefill-token-threshold",
-        type=int,
+        type=POSITIVE,
         help="cap on one request's prefill chunk per step (chunked prefill; default none)",
     )
     g.add_argument(
         "--max-num-partial-prefills",
-        type=int,
+        type=POSITIVE,
         help="most requests with an unfinished prefill at once (chunked prefill; default none)",
     )
     g.add_argument(
         "--block-size",
-        type=int,
+        type=int_in(1, MAX_BLOCK_SIZE),
         default=DEFAULT_BLOCK_SIZE,
         help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
     )
-    g.add_argument("--num-kv-blocks", type=int, help="KV blocks in the pool (default: from memory)")
+    g.add_argument(
+        "--num-kv-blocks",
+        type=int_in(1, MAX_NUM_KV_BLOCKS),
+        help="KV blocks in the pool (default: from memory)",
+    )
     g.add_argument(
         "--kv-cache-memory-gb",
-        type=float,
+        type=float_in(0, lo_open=True),
         help="KV pool size in GiB (alternative to --num-kv-blocks)",
     )
     g.add_argument(
@@ -208,7 +322,15 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         default=True,
         help="reuse KV blocks by hashes of full prompt blocks (default on)",
     )
-    g.add_argument("--max-model-len", type=int, help="longest request in tokens (default: model's)")
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        choices=PREFIX_CACHING_HASH_ALGOS,
+        help="hash of a prompt block's token ids for prefix caching: sha256 (collision-"
+        "resistant; rose-run's default) or builtin (Python hash(), cheaper; rose-sim's default)",
+    )
+    g.add_argument(
+        "--max-model-len", type=POSITIVE, help="longest request in tokens (default: model's)"
+    )
 
 
 def _add_output_args(g: argparse._ArgumentGroup) -> None:
@@ -239,6 +361,8 @@ def build_workload(args: argparse.Namespace) -> tuple[list[Request], str]:
         name = str(args.trace)
     elif args.workload in (None, "azure-conv-sample"):
         reqs, name = workloads.load_default_trace(), workloads.DEFAULT_TRACE_NAME
+    elif args.workload == "two-tenant":
+        reqs, name = workloads.two_tenant(seed=args.seed), args.workload
     else:
         reqs, name = _synthetic(args), args.workload
     reqs = workloads.select(
@@ -278,9 +402,11 @@ def _parse_repeats(text: str) -> list[int]:
     try:
         repeats = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise CliError(f"--prompt-repeats must be comma-separated integers, got {text!r}") from None
-    if not repeats or min(repeats) <= 0:
-        raise CliError(f"--prompt-repeats needs positive integers, got {text!r}")
+        raise CliError(
+            f"--prompt-repeats must be comma-separated integers, got {_clip(text)!r}"
+        ) from None
+    if not repeats or min(repeats) <= 0 or max(repeats) > MAX_INT_FLAG:
+        raise CliError(f"--prompt-repeats needs positive integers, got {_clip(text)!r}")
     return repeats
 
 
@@ -288,19 +414,13 @@ def _check_workload_flags(args: argparse.Namespace) -> None:
     if args.trace is not None and args.workload is not None:
         raise CliError("give either --trace or --workload, not both")
     synthetic_flags = ("prompt_tokens", "prompt_repeats", "output_tokens", "submit_interval_ms")
-    is_synthetic = args.workload not in (None, "azure-conv-sample")
+    is_synthetic = args.workload not in (None, "azure-conv-sample", "two-tenant")
     for flag in synthetic_flags:
         if getattr(args, flag) is not None and not is_synthetic:
             raise CliError(
                 f"--{flag.replace('_', '-')} shapes a synthetic workload; add "
                 "--workload synthetic (or a seed-* workload), or drop it"
             )
-    if args.request_rate is not None and args.request_rate <= 0:
-        raise CliError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
-    if args.burstiness <= 0:
-        raise CliError(f"--burstiness must be > 0, got {args.burstiness}")
-    if args.num_requests is not None and args.num_requests <= 0:
-        raise CliError(f"--num-requests must be > 0, got {args.num_requests}")
     if args.start_s is not None and args.end_s is not None and args.start_s >= args.end_s:
         raise CliError(f"--start-s {args.start_s} must be before --end-s {args.end_s}")
 
@@ -339,7 +459,6 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
         UnknownPolicyError: listing the known policies.
     """
     policy_cls = registry.policy(args.policy)
-    registry.loop_order(scheduler_knobs(args)["loop_order"])
     for flag, given, attr in (
         ("--lookahead", args.lookahead is not None, "uses_lookahead"),
         ("--chunk-head", args.chunk_head, "uses_chunk_head"),
@@ -355,18 +474,51 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
             f"policy {args.policy!r} ignores --prefill-max-tokens; policies with a token "
             f"budget: {', '.join(users)}"
         )
-    extra = {}
-    for item in args.policy_arg:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--policy-arg takes KEY=VALUE, got {item!r}")
-        extra[key] = value
-    return PolicyOptions(
+    options = PolicyOptions(
         lookahead=args.lookahead if args.lookahead is not None else 64,
         force_fifo_every=args.force_fifo_every,
         chunk_head=args.chunk_head,
-        extra=extra,
+        extra=_plugin_options(args, registry),
     )
+    return _checked_plugin_options(args, registry, options)
+
+
+def _plugin_options(args: argparse.Namespace, registry: Registry) -> dict[str, Any]:
+    """Plugin knobs from their flags, then ``--policy-arg`` (strings, converted later)."""
+    extra: dict[str, Any] = {}
+    for name in registry.all_option_specs():
+        value = getattr(args, name, None)
+        if value is not None:
+            extra[name] = value
+    for item in args.policy_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--policy-arg takes KEY=VALUE, got {_clip(item)!r}")
+        extra[key.strip().replace("-", "_")] = value
+    return extra
+
+
+def _checked_plugin_options(
+    args: argparse.Namespace, registry: Registry, options: PolicyOptions
+) -> PolicyOptions:
+    """``options`` with every plugin knob typed; a knob no plugin of the run reads
+    is an error naming the knobs it does read."""
+    loop_order = scheduler_knobs(args)["loop_order"]
+    run_specs = {s.name: s for s in registry.option_specs(args.policy, loop_order, options)}
+    typed: dict[str, Any] = {}
+    for key, value in options.extra.items():
+        spec = run_specs.get(key)
+        if spec is None:
+            known = ", ".join(sorted(run_specs)) or "none"
+            raise CliError(
+                f"no plugin of this run reads {_clip(key)!r} (a flag or --policy-arg); "
+                f"policy {args.policy!r} with loop order {loop_order!r} reads: {known}"
+            )
+        try:
+            typed[key] = spec.convert(value)
+        except ValueError as err:
+            raise CliError(str(err)) from None
+    return dataclasses.replace(options, extra=typed)
 
 
 def scheduler_config(
@@ -384,17 +536,24 @@ def scheduler_config(
     """
     if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
         raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
-    if args.force_fifo_every < 0:
-        raise CliError(f"--force-fifo-every must be >= 0 (0 disables), got {args.force_fifo_every}")
     options = policy_options(args, registry)
+    if args.num_kv_blocks is not None:
+        num_kv_blocks = args.num_kv_blocks
+    elif num_kv_blocks > MAX_NUM_KV_BLOCKS:
+        raise CliError(
+            f"the KV memory holds {num_kv_blocks} blocks, more than the {MAX_NUM_KV_BLOCKS} the "
+            "block manager indexes; set --num-kv-blocks, a smaller --kv-cache-memory-gb or a "
+            "larger --block-size"
+        )
     try:
         return SchedulerConfig(
-            num_kv_blocks=args.num_kv_blocks or num_kv_blocks,
+            num_kv_blocks=num_kv_blocks,
             block_size=args.block_size,
             prefill_max_seqs=args.prefill_max_seqs,
             prefill_max_tokens=args.prefill_max_tokens,
-            max_model_len=args.max_model_len or max_model_len,
+            max_model_len=args.max_model_len if args.max_model_len is not None else max_model_len,
             enable_prefix_caching=args.enable_prefix_caching,
+            prefix_caching_hash_algo=args.prefix_caching_hash_algo,
             policy=args.policy,
             options=options,
             **scheduler_knobs(args),
@@ -417,12 +576,63 @@ def config_facts(config: SchedulerConfig) -> dict[str, Any]:
         "loop_order": config.loop_order,
         "max_model_len": config.max_model_len,
         "enable_prefix_caching": config.enable_prefix_caching,
+        "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
     }
 
 
-def kv_blocks_from_bytes(num_bytes: float, kv_bytes_per_token: int, block_size: int) -> int:
-    """KV blocks that ``num_bytes`` of memory hold."""
-    return max(1, int(num_bytes // (kv_bytes_per_token * block_size)))
+def kv_blocks_from_bytes(
+    num_bytes: float, kv_bytes_per_token: int, block_size: int, source: str = "--kv-cache-memory-gb"
+) -> int:
+    """KV blocks that ``num_bytes`` of memory hold.
+
+    Args:
+        num_bytes: memory for the KV pool in bytes (finite).
+        kv_bytes_per_token: K and V bytes of one token over all layers.
+        block_size: tokens per block.
+        source: where ``num_bytes`` came from, for the error message.
+
+    Raises:
+        CliError: naming ``source`` when the memory holds no whole block.
+    """
+    block_bytes = kv_bytes_per_token * block_size
+    if not num_bytes >= block_bytes:
+        raise CliError(
+            f"{source} leaves {num_bytes / 2**30:.3g} GiB for the KV cache, less than one "
+            f"block of {block_size} tokens ({block_bytes} B); give more memory or --num-kv-blocks"
+        )
+    return int(num_bytes // block_bytes)
+
+
+# ----------------------------------------------------------------- checks
+def check_args(args: argparse.Namespace, registry: Registry) -> None:
+    """Every check of the shared flags that needs no workload, model or run: flag
+    combinations, policy knobs, ``--goodput`` and the output paths. Runs before
+    any work, so a typo never costs a run.
+
+    Raises:
+        CliError: naming the flag and the fix.
+        UnknownPolicyError: for an unknown policy or loop order.
+    """
+    _check_workload_flags(args)
+    if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
+        raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
+    policy_options(args, registry)
+    if args.goodput:
+        parse_goodput(args.goodput)
+    _check_output_paths(args)
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    try:
+        if args.save_result is not None:
+            check_output_path(args.save_result, "--save-result")
+        if args.save_records is not None:
+            check_output_path(args.save_records, "--save-records", RECORD_SUFFIXES)
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    paths = (args.save_result, args.save_records)
+    if None not in paths and paths[0].resolve() == paths[1].resolve():
+        raise CliError("--save-result and --save-records name the same file; give two paths")
 
 
 # ---------------------------------------------------------------- outputs
@@ -433,22 +643,51 @@ def report(
     duration_s: float,
     title: str,
     extra: dict[str, Any],
+    itl: LogHistogram | None = None,
 ) -> dict[str, Any]:
-    """Summarize, print the table (unless ``--quiet``) and write the files asked for.
+    """Summarize, print the table (unless ``--quiet``) and write the files asked for
+    (``itl``: the run's ITL histogram when its records carry no token times).
 
     Returns:
         The flat result dict (what ``--save-result`` writes).
     """
     goodput = parse_goodput(args.goodput) if args.goodput else None
-    summary = summarize(records, duration_s=duration_s, goodput=goodput)
-    result: dict[str, Any] = {**summary, **extra}
+    summary = summarize(records, duration_s=duration_s, goodput=goodput, itl=itl)
+    groups, tables = _group_results(records, goodput)
+    result: dict[str, Any] = {**summary, **extra, **groups}
     if not args.quiet:
         print(format_summary(summary, title))
+        for table in tables:
+            print(table)
     if args.save_result is not None:
         write_result(result, args.save_result)
     if args.save_records is not None:
         write_records(records, args.save_records)
     return result
+
+
+def _group_results(
+    records: pd.DataFrame, goodput: dict[str, float] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Per-tenant and per-priority-class figures when the run has several: flat
+    keys for the result file, and the tables as text."""
+    out: dict[str, Any] = {}
+    tables: list[str] = []
+    if records["tenant"].nunique(dropna=False) > 1:
+        table = per_tenant(records)
+        out["jain_service_fairness"] = service_fairness(records)
+        for row in table.itertuples():
+            out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
+        tables.append("per tenant:\n" + table.round(1).to_string(index=False))
+    has_deadlines = "deadline_s" in records and records["deadline_s"].notna().any()
+    if "priority" in records and (records["priority"].nunique() > 1 or has_deadlines):
+        table = per_class(records, goodput=goodput)
+        for row in table.to_dict("records"):
+            for key in ("p99_ttft_ms", "slo_attainment", "request_goodput"):
+                if key in row:
+                    out[f"class_{row['class']}_{key}"] = row[key]
+        tables.append("per priority class:\n" + table.round(3).to_string(index=False))
+    return out, tables
 
 
 # ----------------------------------------------------------------- errors
@@ -459,26 +698,42 @@ def friendly_errors(prog: str) -> Iterator[None]:
         yield
     except (CliError, UnknownPolicyError, PolicyError, workloads.WorkloadError) as err:
         _die(prog, str(err))
-    except (ValueError, FileNotFoundError, ImportError) as err:
+    except (ValueError, OSError, ImportError) as err:
         _die(prog, str(err))
     except KeyboardInterrupt:
         _die(prog, "interrupted")
 
 
 def _die(prog: str, message: str) -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    line = " ".join(message.splitlines())  # NOTE: one line, even if a library gives several
+    print(f"{prog}: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def run_main(prog: str, parser: argparse.ArgumentParser, body: Callable[..., Any]) -> int:
-    """Parse flags, handle ``--list-policies``, run ``body(args, registry)``."""
+def _warn(prog: str) -> Callable[[str], None]:
+    def warn(message: str) -> None:
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    return warn
+
+
+def run_main(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    body: Callable[..., Any],
+    check: Callable[[argparse.Namespace, Registry], None] = check_args,
+) -> int:
+    """Parse flags, handle ``--list-policies``, run ``check(args, registry)``
+    (the checks that need no work), then ``body(args, registry)``.
+
+    A plugin that cannot load is skipped with a ``prog: warning:`` line.
+    """
     args = parser.parse_args()
     with friendly_errors(prog):
-        registry = load_registry()
+        registry = load_registry(warn=_warn(prog))
         if args.list_policies:
             print(registry.describe())
             return 0
-        if args.goodput:
-            parse_goodput(args.goodput)  # a bad SLO fails now, not after the run
+        check(args, registry)
         body(args, registry)
     return 0

@@ -37,7 +37,10 @@ from roseinfer.cli import (
     CliError,
     add_common_args,
     build_workload,
+    check_args,
     config_facts,
+    float_in,
+    int_in,
     kv_blocks_from_bytes,
     policy_options,
     report,
@@ -92,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
         help="CUDA: share of free memory for the KV pool (default KV pool size)",
     )
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--num-threads",
-        type=int,
+        type=int_in(1, 4096),
         help="CPU threads for torch (torch.set_num_threads; default: torch's, one per "
         "core). On a CPU shared with other jobs 1 keeps step times steady",
     )
@@ -113,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the warm-up with the largest step shapes before the clock starts",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(prefix_caching_hash_algo="sha256")  # real prompts: collision-resistant
     return parser
 
 
@@ -120,17 +124,38 @@ def resolve_device(name: str | None) -> torch.device:
     """``--device`` as a torch device; CUDA asked for but absent is an error.
 
     Raises:
-        CliError: for cuda without a CUDA device, or an unknown device string.
+        CliError: for cuda without a CUDA device (or a missing index), another
+            device type (meta, mps, ...: the runner supports cpu and cuda), or an
+            unknown device string.
     """
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise CliError(f"unknown --device {name!r}; use cpu or cuda[:N]") from None
+    except (RuntimeError, ValueError):
+        raise CliError(f"unknown --device {name[:40]!r}; use cpu or cuda[:N]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise CliError(
+            f"--device {device.type} is not supported by the model runner; use cpu or cuda[:N]"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but torch sees no CUDA device; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise CliError(
+            f"--device {name} but torch sees {torch.cuda.device_count()} CUDA device(s); "
+            "use cuda:0 .. cuda:N-1"
+        )
     return device
+
+
+def check_run_args(args: argparse.Namespace, registry: Registry) -> None:
+    """Every ``rose-run`` check that needs no model or workload (before torch work).
+
+    Raises:
+        CliError: naming the flag and the fix.
+    """
+    check_args(args, registry)
+    resolve_device(args.device)
 
 
 def set_num_threads(num_threads: int | None) -> None:
@@ -166,10 +191,42 @@ def default_num_kv_blocks(
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         num_bytes = free * args.gpu_memory_utilization
+        source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of free memory"
     else:
         num_bytes = CPU_KV_CACHE_GB * 2**30
-    num_blocks = kv_blocks_from_bytes(num_bytes, runner_bytes_per_token, args.block_size)
+        source = f"the default CPU KV pool ({CPU_KV_CACHE_GB:g} GiB)"
+    num_blocks = kv_blocks_from_bytes(num_bytes, runner_bytes_per_token, args.block_size, source)
     return num_blocks if max_useful_blocks is None else min(num_blocks, max_useful_blocks)
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Bytes a new allocation can take on ``device``: free CUDA memory, or the
+    host's ``MemAvailable`` (``/proc/meminfo``; free pages where that is absent)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_pool_fits(num_kv_blocks: int, block_bytes: int, device: torch.device) -> None:
+    """Refuse a KV pool larger than the memory ``device`` has left, before allocating it.
+
+    Raises:
+        CliError: naming the pool size, the memory available and the flags to lower.
+    """
+    need, have = num_kv_blocks * block_bytes, available_memory_bytes(device)
+    if need > have:
+        raise CliError(
+            f"a KV pool of {num_kv_blocks} blocks needs {need / 2**30:.3g} GiB but {device} "
+            f"has {have / 2**30:.3g} GiB available; lower --num-kv-blocks or "
+            "--kv-cache-memory-gb (or --block-size)"
+        )
 
 
 def _kv_bytes_per_token(config, dtype: torch.dtype) -> int:
@@ -193,12 +250,14 @@ def _max_context(model) -> int:
 def _max_model_len(args: argparse.Namespace, model) -> int:
     """``--max-model-len``, or the model's context; more than the model allows is an error."""
     context = _max_context(model)
-    if args.max_model_len is not None and args.max_model_len > context:
+    if args.max_model_len is None:
+        return context
+    if args.max_model_len > context:
         raise CliError(
             f"--max-model-len {args.max_model_len} exceeds the {context}-token context of "
             f"{args.model}; use at most {context}"
         )
-    return args.max_model_len or context
+    return args.max_model_len
 
 
 def _fit_requests(
@@ -244,6 +303,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
         max_model_len=max_model_len,
     )
+    check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
     runner = ModelRunner(
         model,
         num_kv_blocks=sched_config.num_kv_blocks,
@@ -313,7 +373,7 @@ def main() -> int:
         from roseinfer.executor.profiler import profile_main
 
         return profile_main(sys.argv[2:])
-    return run_main("rose-run", build_parser(), _run)
+    return run_main("rose-run", build_parser(), _run, check_run_args)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, drive
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
+from roseinfer.executor.validation import check_request
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
@@ -131,6 +132,7 @@ class Engine:
         self.records = RecordBuilder(keep_token_ids=True)
         self.generator = torch.Generator(device=runner.device).manual_seed(seed)
         self._seq_generators: dict[int, torch.Generator] = {}
+        self.failed: dict[str, Exception] = {}  # sampling failures not yet popped
         self.record_timings = record_timings
         self.timings: list[StepTiming] = []
         self._clock = clock
@@ -185,21 +187,18 @@ class Engine:
 
         Raises:
             ValueError: if it has no prompt token ids (a length-only trace needs
-                ``roseinfer.executor.workload_fit.with_token_ids``) or an id outside the vocab.
+                ``roseinfer.executor.workload_fit.with_token_ids``).
+            InvalidRequestError: (a ValueError) naming the bad field: a non-string
+                id, a non-integer or < 1 output length, a token id that is not an
+                integer in the vocabulary, or sampling parameters sampling cannot
+                take (see :func:`roseinfer.executor.validation.check_sampling`).
         """
-        ids = request.prompt_token_ids
-        if ids is None:
+        if request.prompt_token_ids is None:
             raise ValueError(
                 f"request {request.request_id!r} has no prompt token ids; the executor "
                 "needs them (roseinfer.executor.workload_fit.with_token_ids makes them up for a trace)"
             )
-        vocab = self.runner.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(
-                f"request {request.request_id!r} has prompt token id {bad} outside the "
-                f"model's vocabulary [0, {vocab})"
-            )
+        check_request(request, self.runner.vocab_size)
 
     # ------------------------------------------------------------- stepping
     def decode_run_length(
@@ -213,7 +212,9 @@ class Engine:
 
         Returns:
             The step's end time (after a device synchronize) and one sampled
-            token per item of ``out.sampling``.
+            token per item of ``out.sampling``. A request whose sampling raises
+            is ended (aborted, reason "sampling failed: ...") and removed from
+            ``out`` first; the others go on (:meth:`pop_failed` names it).
         """
         t_prep = self.now_s()
         inputs = self._inputs(out)
@@ -279,10 +280,52 @@ class Engine:
             return []
         if len(rows) < len(inputs):
             logits = logits[torch.tensor(rows, device=logits.device)]
-        seqs = [out.scheduled[i].seq for i in rows]
-        params = [s.request.sampling for s in seqs]
-        generators = [self._generator(s) for s in seqs]
-        return self.runner.sample(logits, params, generators)
+        tokens = self._sample(logits, [out.scheduled[i].seq for i in rows])
+        if None in tokens:
+            self._drop_failed(out)
+        return [t for t in tokens if t is not None]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Seq]) -> list[int | None]:
+        """One token per row of ``logits`` ``[len(seqs), vocab]``.
+
+        If sampling the batch raises, each row is sampled alone: a row that
+        still raises gets None and its request is noted in :attr:`failed` (the
+        others go on; their unseeded draws then differ from a batch draw).
+        """
+        try:
+            params = [s.request.sampling for s in seqs]
+            return list(self.runner.sample(logits, params, [self._generator(s) for s in seqs]))
+        except Exception:  # noqa: BLE001 - isolated row by row below
+            pass
+        tokens: list[int | None] = []
+        for i, seq in enumerate(seqs):
+            try:
+                row = logits[i : i + 1]
+                tokens.append(
+                    self.runner.sample(row, [seq.request.sampling], [self._generator(seq)])[0]
+                )
+            except Exception as err:  # noqa: BLE001 - ends this request only
+                tokens.append(None)
+                self.failed[seq.request_id] = err
+        return tokens
+
+    def _drop_failed(self, out: SchedulerOutput) -> None:
+        """End the requests whose sampling failed (blocks freed, status rejected,
+        reason "sampling failed: ...") and take them out of ``out`` before the
+        scheduler applies it."""
+        failed = [item for item in out.scheduled if item.seq.request_id in self.failed]
+        for item in failed:
+            out.scheduled.remove(item)
+            seq = item.seq
+            self.scheduler.abort(seq.request_id, self.now_s())
+            seq.reject_reason = f"sampling failed: {self.failed[seq.request_id]!r}"
+            self._seq_generators.pop(seq.seq_id, None)
+
+    def pop_failed(self) -> dict[str, Exception]:
+        """Requests whose sampling failed since the last call (id -> the error);
+        they ended already (see :meth:`execute`)."""
+        failed, self.failed = self.failed, {}
+        return failed
 
     def _generator(self, seq: Seq) -> torch.Generator:
         seed = seq.request.sampling.seed

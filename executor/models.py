@@ -147,38 +147,88 @@ def build_model(
         ``(model, config, tokenizer_or_None)``.
 
     Raises:
-        ValueError: on a name that is neither a directory nor a built-in name, or
-            a model type the runner cannot run (see :data:`SUPPORTED_MODEL_TYPES`).
+        ValueError: on a name that is neither a directory nor a built-in name, a
+            model type the runner cannot run (see :data:`SUPPORTED_MODEL_TYPES`),
+            a config with a non-positive shape (e.g. zero heads), or a directory
+            whose config or weights cannot be loaded (missing, broken, unreadable).
     """
     device = torch.device(device)
     if Path(name_or_path).is_dir():
         model, tokenizer = _load_local(name_or_path, dtype, device)
     else:
         config = builtin_config(name_or_path, **dict(config_overrides or {}))
+        check_supported(config)
         model, tokenizer = _random_model(config, seed, dtype, device), None
-    check_supported(model.config)
     model.eval().requires_grad_(False)
     return model, model.config, tokenizer
 
 
+_SHAPE_FIELDS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+"""Config fields (GPT-2's ``n_*`` names map onto them) that must be positive ints when set."""
+
+
 def check_supported(config) -> None:
-    """Raise ValueError unless the runner can run ``config.model_type``."""
+    """Raise ValueError unless the runner can run ``config``: a supported
+    ``model_type`` and positive integer shapes (zero heads would divide by zero)."""
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model type {config.model_type!r} is not supported by the model runner; "
             f"supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
         )
+    for name in _SHAPE_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
+            raise ValueError(f"model config {name} must be a positive integer, got {value!r}")
+    heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
+    if kv_heads is not None and heads % kv_heads:
+        raise ValueError(
+            f"model config num_attention_heads ({heads}) must be a multiple of "
+            f"num_key_value_heads ({kv_heads})"
+        )
 
 
 def _load_local(path: str, dtype: torch.dtype, device: torch.device):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Config first (cheap checks), then weights; any failure of the files is a
+    ValueError naming the directory."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    config = _loading(path, "config.json", lambda: AutoConfig.from_pretrained(path))
+    check_supported(config)
+    model = _loading(
+        path,
+        "weights (model.safetensors or pytorch_model.bin)",
+        lambda: AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype),
+    ).to(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError):
         tokenizer = None  # NOTE: a weights-only directory has no tokenizer files
     return model, tokenizer
+
+
+def _loading(path: str, what: str, load: Any) -> Any:
+    """``load()``, with any exception from reading third-party files (OSError,
+    JSON, safetensors or pickle errors, missing keys) as one ValueError line."""
+    try:
+        return load()
+    except Exception as err:  # noqa: BLE001 - the files can fail in many libraries' ways
+        lines = str(err).strip().splitlines()
+        detail = f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
+        raise ValueError(
+            f"cannot load the {what} of --model {path} ({detail}); it needs config.json and "
+            "model.safetensors (or pytorch_model.bin) of a gpt2/llama-family model"
+        ) from None
 
 
 def _random_model(config, seed: int, dtype: torch.dtype, device: torch.device):

@@ -5,20 +5,32 @@ queue, enqueue) and returns an id at once; a worker thread admits pending
 requests into the scheduler and runs the steps; ``stream(id)`` yields each
 token (and its text piece when a tokenizer is known) as the worker produces it.
 A fault in the worker ends every open stream with that error instead of
-hanging, and frees every KV block. Every request ends exactly once.
+hanging, and frees every KV block; a fault in one request's sampling ends that
+request only. Every request ends exactly once. A stream has one reader at a
+time (:meth:`StreamingEngine.stream`, or :meth:`~StreamingEngine.astream` from
+asyncio); fields are checked at ``add_request`` (``roseinfer.executor.validation``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from roseinfer.executor.detokenizer import IncrementalDetokenizer
 from roseinfer.executor.engine import Engine
+from roseinfer.executor.validation import (
+    InvalidRequestError,
+    check_max_tokens,
+    check_request_id,
+    check_sampling,
+    check_token_ids,
+)
 from roseinfer.interface import PolicyError
 from roseinfer.request import Request, SamplingParams
 from roseinfer.sequence import Sequence as Seq
@@ -59,6 +71,7 @@ class _Abort:
     """A client's abort, queued behind the requests it may refer to."""
 
     request_id: str
+    discard: bool = False
 
 
 class EngineClosedError(RuntimeError):
@@ -72,6 +85,20 @@ class RequestRejectedError(ValueError):
     """The scheduler refused the request (e.g. longer than ``max_model_len``)."""
 
 
+class RequestFailedError(RuntimeError):
+    """The request ended because sampling its next token failed; ``__cause__`` is
+    the error. Other requests go on."""
+
+
+class QueueFullError(RuntimeError):
+    """``max_waiting`` requests already wait for admission; retry later."""
+
+
+class StreamBusyError(RuntimeError):
+    """The request's stream already has a reader (one reader per stream: two
+    would split its tokens between them)."""
+
+
 class StreamingEngine:
     """Thread-safe online API over an :class:`Engine`.
 
@@ -79,12 +106,27 @@ class StreamingEngine:
         engine: the engine to drive; only the worker thread touches it.
         tokenizer: optional transformers tokenizer for text prompts and text pieces.
         idle_wait_s: how long the idle worker sleeps before re-checking (s).
+        max_waiting: most requests waiting for admission (queued or in the
+            scheduler's waiting queue); ``add_request`` beyond it raises
+            :class:`QueueFullError`. None: no limit.
     """
 
-    def __init__(self, engine: Engine, tokenizer: Any = None, idle_wait_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any = None,
+        idle_wait_s: float = 0.05,
+        max_waiting: int | None = None,
+    ) -> None:
+        if max_waiting is not None and max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1 (or None), got {max_waiting}")
         self.engine = engine
         self.tokenizer = tokenizer
+        self.max_waiting = max_waiting
         self._idle_wait_s = idle_wait_s
+        self._num_queued = 0  # added, not yet handed to the scheduler
+        self._readers: set[str] = set()
+        self._wakers: dict[str, Callable[[], None]] = {}
         # NOTE: one queue for requests and aborts keeps their order: an abort
         # sent right after add_request is never seen before its request.
         self._commands: queue.SimpleQueue[Request | _Abort] = queue.SimpleQueue()
@@ -120,14 +162,26 @@ class StreamingEngine:
         Raises:
             EngineClosedError: after :meth:`close` or a worker fault (the fault is
                 the cause).
-            ValueError: on a text prompt without a tokenizer, an empty prompt, a
-                non-positive ``max_tokens``, ids the model cannot take, or an id in use.
+            QueueFullError: if ``max_waiting`` requests wait already.
+            InvalidRequestError: (a ValueError) naming the field: an empty prompt,
+                token ids that are not integers in the vocabulary, ``max_tokens``
+                not an integer >= 1, a non-string id, bad sampling parameters.
+            ValueError: on a text prompt without a tokenizer, or an id in use.
         """
+        max_tokens = check_max_tokens(max_tokens)
+        if request_id is not None:
+            check_request_id(request_id)
         ids = self._encode(prompt)
         sampling = sampling if sampling is not None else self._default_sampling()
+        check_sampling(sampling)
         with self._lock:
             if not self._running:
                 raise EngineClosedError("the streaming engine is closed") from self._error
+            if self.max_waiting is not None and self._num_waiting() >= self.max_waiting:
+                raise QueueFullError(
+                    f"{self.max_waiting} requests wait for admission already (max_waiting); "
+                    "retry later"
+                )
             rid = request_id if request_id is not None else self._new_id()
             if rid in self._used_ids:  # NOTE: ids stay taken: the scheduler keeps every request
                 raise ValueError(f"request id {rid!r} is already in use")
@@ -136,6 +190,7 @@ class StreamingEngine:
             )
             self.engine.check_request(request)
             self._used_ids.add(rid)
+            self._num_queued += 1
             self._streams[rid] = queue.SimpleQueue()
             if self.tokenizer is not None:
                 self._detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids)
@@ -146,34 +201,118 @@ class StreamingEngine:
     def stream(self, request_id: str, timeout_s: float | None = None) -> Iterator[StreamOutput]:
         """Yield the request's tokens until it ends (or is aborted).
 
+        The stream is claimed at this call; it is free again once the iterator
+        ends or is closed.
+
         Raises:
             KeyError: for an unknown id (or a stream already read to its end).
+            StreamBusyError: if another reader holds the stream.
             RequestRejectedError: if the scheduler refused the request.
+            RequestFailedError: if sampling for it failed (others go on).
             EngineClosedError: if the engine closed or the worker failed first
                 (the worker's exception is the cause).
             queue.Empty: if ``timeout_s`` passes with no token.
         """
+        q = self._claim(request_id)
+        return self._read(request_id, q, timeout_s)
+
+    def _read(
+        self, request_id: str, q: queue.SimpleQueue[StreamOutput | _End], timeout_s: float | None
+    ) -> Iterator[StreamOutput]:
+        try:
+            while True:
+                item = q.get(timeout=timeout_s)
+                if isinstance(item, _End):
+                    self._finish_stream(request_id, item)
+                    return
+                yield item
+        finally:
+            self._release(request_id)
+
+    async def astream(self, request_id: str) -> AsyncGenerator[StreamOutput, None]:
+        """:meth:`stream` for asyncio: awaits tokens without holding a thread.
+
+        The worker wakes the reader's event loop (``call_soon_threadsafe``) after
+        each item, so hundreds of streams need no thread each.
+
+        Raises:
+            the errors of :meth:`stream`.
+        """
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(ready.set)
+
+        q = self._claim(request_id, wake)
+        try:
+            while True:
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    ready.clear()
+                    continue
+                if isinstance(item, _End):
+                    self._finish_stream(request_id, item)
+                    return
+                yield item
+        finally:
+            self._release(request_id)
+
+    def _claim(
+        self, request_id: str, waker: Callable[[], None] | None = None
+    ) -> queue.SimpleQueue[StreamOutput | _End]:
         with self._lock:
             q = self._streams[request_id]
-        while True:
-            item = q.get(timeout=timeout_s)
-            if isinstance(item, _End):
-                with self._lock:
-                    self._streams.pop(request_id, None)
-                if item.error is not None:
-                    raise item.error(item.reason) from item.cause
-                return
-            yield item
+            if request_id in self._readers:
+                raise StreamBusyError(f"the stream of request {request_id!r} has a reader already")
+            self._readers.add(request_id)
+            if waker is not None:
+                self._wakers[request_id] = waker
+        return q
+
+    def _release(self, request_id: str) -> None:
+        with self._lock:
+            self._readers.discard(request_id)
+            self._wakers.pop(request_id, None)
+
+    def _finish_stream(self, request_id: str, end: _End) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+        if end.error is not None:
+            raise end.error(end.reason) from end.cause
+
+    def num_waiting(self) -> int:
+        """Requests waiting for admission: queued here or in the scheduler's queue."""
+        with self._lock:
+            return self._num_waiting()
+
+    def _num_waiting(self) -> int:
+        # NOTE: len() of the worker's deque is one atomic read; a count off by one
+        # for a step only moves the max_waiting limit by one.
+        return self._num_queued + len(self.engine.scheduler.waiting)
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> list[StreamOutput]:
         """Add a request and collect its whole stream."""
         return list(self.stream(self.add_request(prompt, **kwargs)))
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, *, discard: bool = False) -> None:
         """End a request early, admitted or not; its stream ends (no error) and its
-        KV blocks are freed. Unknown or ended requests are ignored."""
-        self._commands.put(_Abort(request_id))
+        KV blocks are freed. Unknown or ended requests are ignored.
+
+        Args:
+            discard: the caller will not read the stream to its end (a client
+                that left): drop the stream's queue too, even if the request ended
+                already, so nothing of it stays behind.
+        """
+        self._commands.put(_Abort(request_id, discard))
         self._wakeup.set()
+
+    @property
+    def alive(self) -> bool:
+        """True while the worker runs (not closed, not failed)."""
+        return self._is_running() and self._worker.is_alive()
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker. Streams of requests not finished end with
@@ -200,8 +339,11 @@ class StreamingEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
-            return list(self.tokenizer.encode(prompt))
-        return [int(t) for t in prompt]
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise InvalidRequestError("prompt", "must not be empty")
+            return list(ids)
+        return list(check_token_ids(prompt, self.engine.runner.vocab_size))
 
     def _default_sampling(self) -> SamplingParams:
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -242,15 +384,24 @@ class StreamingEngine:
             if isinstance(command, _Abort):
                 if engine.abort(command.request_id):
                     self._send(command.request_id, _End())
+                if command.discard:
+                    with self._lock:
+                        self._streams.pop(command.request_id, None)
+                        self._detoks.pop(command.request_id, None)
                 continue
             seq = engine.scheduler.add_request(command, command.arrival_time_s)
+            with self._lock:
+                self._num_queued -= 1
             engine.flush_records()
             if seq.is_done:  # rejected at once
                 self._send(seq.request_id, _End(RequestRejectedError, seq.reject_reason))
 
     def _step(self) -> None:
         out, _ = self.engine.step()
-        if out.is_empty:  # nothing runs and the policy admits nothing: it never will
+        failed = self.engine.pop_failed()
+        for rid, err in failed.items():
+            self._send(rid, _End(RequestFailedError, f"sampling failed: {err!r}", err))
+        if out.is_empty and not failed:  # nothing runs, the policy admits nothing: never will
             raise PolicyError(self.engine.scheduler.stall_message())
         self._emit([item.seq for item in out.sampling])
 
@@ -271,10 +422,13 @@ class StreamingEngine:
     def _send(self, rid: str, item: StreamOutput | _End) -> None:
         with self._lock:
             q = self._streams.get(rid)
+            waker = self._wakers.get(rid)
             if isinstance(item, _End):
                 self._detoks.pop(rid, None)
         if q is not None:
             q.put(item)
+        if waker is not None:
+            _wake(waker)
 
     def _end_all(self, end: _End) -> None:
         """Abort whatever is unfinished (frees its blocks), then end every open
@@ -286,6 +440,15 @@ class StreamingEngine:
         finally:
             with self._lock:
                 streams = list(self._streams.values())
+                wakers = list(self._wakers.values())
                 self._detoks.clear()
             for q in streams:
                 q.put(end)
+            for waker in wakers:
+                _wake(waker)
+
+
+def _wake(waker: Callable[[], None]) -> None:
+    """Wake an asyncio reader; its loop may be closed already (nothing to wake)."""
+    with contextlib.suppress(RuntimeError):
+        waker()

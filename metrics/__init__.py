@@ -13,9 +13,11 @@ Example::
     print(format_summary(summary, "fifo @ 8 req/s"))
 """
 
+from .classes import VTC_WEIGHTS, per_class, service_fairness, slo_met, tenant_service
 from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
-from .io import write_records, write_result
-from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real
+from .histogram import LogHistogram
+from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
+from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
 from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
 from .summary import (
     DEFAULT_PERCENTILES,
@@ -28,24 +30,34 @@ from .summary import (
 )
 
 __all__ = [
+    "LogHistogram",
     "COLUMNS",
+    "RECORD_SUFFIXES",
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
     "NO_TENANT",
     "SCHEMA",
     "SLO_METRICS",
+    "VTC_WEIGHTS",
     "STATUSES",
     "Column",
+    "check_output_path",
+    "escape_formula",
     "format_summary",
     "jain_index",
     "latency_values_ms",
     "parse_goodput",
+    "per_class",
     "per_tenant",
     "plot_cdf",
     "plot_p99_vs_rate",
     "plot_sim_vs_real",
+    "plot_tenant_ttft",
+    "service_fairness",
+    "slo_met",
     "summarize",
     "tenant_fairness",
+    "tenant_service",
     "validate_records",
     "write_records",
     "write_result",

@@ -148,3 +148,34 @@ def _with_quantiles(name: str, df: pd.DataFrame, metric: str) -> str:
         return f"{name} (no data)"
     p50, p99 = np.percentile(values, [50, 99])
     return f"{name} (p50 {p50:.1f} ms, p99 {p99:.1f} ms)"
+
+
+def plot_tenant_ttft(
+    runs: Mapping[str, pd.DataFrame], quantile: float = 0.99, ax: Axes | None = None
+) -> Axes:
+    """Grouped bars: per-tenant TTFT quantile (ms, log scale) for each run.
+
+    Args:
+        runs: records by run label (e.g. policy name); tenants are read from
+            each run's ``tenant`` column (None as "(none)").
+        quantile: in (0, 1]; default 0.99 (p99 TTFT).
+    """
+    from .fairness import per_tenant
+
+    ax = _axes(ax)
+    tables = {label: per_tenant(df).set_index("tenant") for label, df in runs.items()}
+    tenants = sorted({t for table in tables.values() for t in table.index})
+    width = 0.8 / max(len(tables), 1)
+    for i, (label, df) in enumerate(runs.items()):
+        done = df[df["status"] == "finished"]
+        ttft = (done["first_token_s"] - done["arrival_s"]) * 1000.0
+        col = done["tenant"].astype(object)
+        values = ttft.groupby(col.where(col.notna(), "(none)").astype(str)).quantile(quantile)
+        xs = np.arange(len(tenants)) + i * width
+        ax.bar(xs, [values.get(t, np.nan) for t in tenants], width, label=label)
+    ax.set_xticks(np.arange(len(tenants)) + 0.4 - width / 2, tenants)
+    ax.set_yscale("log")
+    ax.set_xlabel("tenant")
+    ax.set_ylabel(f"p{quantile * 100:g} TTFT (ms)")
+    ax.legend()
+    return ax

@@ -54,7 +54,18 @@ SCHEMA: tuple[Column, ...] = (
     ),
 )
 
+OPTIONAL_SCHEMA: tuple[Column, ...] = (
+    Column("priority", "int64", "priority class (lower is more urgent, vLLM's convention)"),
+    Column(
+        "deadline_s",
+        "float64",
+        "first-token deadline, s after arrival (NaN: none); SLO attainment is TTFT <= it",
+    ),
+)
+"""Columns both backends write but older record files may lack (not validated)."""
+
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
+OPTIONAL_COLUMNS: tuple[str, ...] = tuple(c.name for c in OPTIONAL_SCHEMA)
 STATUSES: tuple[str, ...] = ("finished", "rejected")
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from .histogram import LogHistogram
 from .schema import validate_records
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
@@ -79,6 +80,11 @@ def _itl_s(done: pd.DataFrame) -> np.ndarray:
     arrays = list(done["token_times_s"])
     if not arrays:
         return np.empty(0)
+    if any(a is None for a in arrays):
+        raise ValueError(
+            "these records carry no token times (a run that kept only an ITL histogram, "
+            "e.g. rose-sim without --save-records): pass its histogram as itl=..."
+        )
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     flat = np.concatenate(arrays, dtype=np.float64)
     gaps = np.diff(flat)
@@ -124,6 +130,7 @@ def summarize(
     duration_s: float | None = None,
     goodput: Mapping[str, float] | None = None,
     percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    itl: LogHistogram | None = None,
 ) -> Summary:
     """Flat vLLM-bench summary of one run's records.
 
@@ -135,6 +142,10 @@ def summarize(
             ``parse_goodput``); adds ``request_goodput``, finished requests per
             second that meet every SLO (TPOT counts as 0 with one output token).
         percentiles: which ``p{N}_*_ms`` keys to add (0..100).
+        itl: the run's inter-token gaps as a histogram, for records built without
+            token times (a long simulation): ITL statistics come from it (mean
+            and std exact, percentiles within its relative error) instead of
+            ``token_times_s``.
 
     Returns:
         ``duration`` (s), ``completed``, ``num_requests``, ``rejected``,
@@ -157,7 +168,23 @@ def summarize(
     if goodput is not None:
         out["request_goodput"] = _per_s(_num_good(done, _check_slos(goodput)), duration)
     for metric in LATENCY_METRICS:
-        out.update(_stats_ms(metric, _VALUES_S[metric](done) * _MS_PER_S, percentiles))
+        if metric == "itl" and itl is not None:
+            out.update(_histogram_stats_ms(metric, itl, percentiles))
+        else:
+            out.update(_stats_ms(metric, _VALUES_S[metric](done) * _MS_PER_S, percentiles))
+    return out
+
+
+def _histogram_stats_ms(metric: str, hist: LogHistogram, percentiles: Sequence[float]) -> Summary:
+    """The keys of :func:`_stats_ms` from a histogram of values in seconds."""
+    median, *quantiles = hist.percentiles([50, *percentiles])
+    out: Summary = {
+        f"mean_{metric}_ms": hist.mean * _MS_PER_S,
+        f"median_{metric}_ms": median * _MS_PER_S,
+        f"std_{metric}_ms": hist.std * _MS_PER_S,
+    }
+    keys = [f"p{_percentile_word(p)}_{metric}_ms" for p in percentiles]
+    out.update(zip(keys, (q * _MS_PER_S for q in quantiles)))
     return out
 
 

@@ -35,6 +35,14 @@ class ForceFifo(PolicyWrapper):
             return fifo_under_budget(waiting, budget, ctx, chunk_head=self.options.chunk_head)
         return self.inner.admit(waiting, budget, ctx)
 
+    def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """The wrapped policy's preemptions, except when the next admission round
+        is a FIFO one: it would re-admit the victims first (the preempted wait at
+        the head), and preempting again would never end."""
+        if (ctx.admission_round + 1) % self.options.force_fifo_every == 0:
+            return []
+        return self.inner.preempt(waiting, ctx)
+
 
 @hookimpl
 def register_policy_wrappers() -> list[type[PolicyWrapper]]:

@@ -9,6 +9,7 @@ from roseinfer.interface import PolicyOptions
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block_size on GPUs
+PREFIX_CACHING_HASH_ALGOS = ("sha256", "builtin")  # vLLM --prefix-caching-hash-algo
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,9 @@ class SchedulerConfig:
         max_model_len: longest request (prompt + output tokens); longer ones are
             rejected with a reason.
         enable_prefix_caching: reuse KV blocks by chained hashes of full blocks.
+        prefix_caching_hash_algo: how a block's token ids are hashed (vLLM's
+            ``--prefix-caching-hash-algo``): ``sha256`` (collision-resistant, the
+            default) or ``builtin`` (Python's 64-bit ``hash()``, cheaper).
         policy: admission policy name (``--policy``).
         loop_order: loop ordering name (``--loop-order``).
         options: knobs passed to the policy instances.
@@ -69,6 +73,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int | None = None
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     policy: str = "fifo"
     loop_order: str = "prefill-first"
     options: PolicyOptions = PolicyOptions()
@@ -87,6 +92,11 @@ class SchedulerConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 (or unset for no limit), got {value}")
+        if self.prefix_caching_hash_algo not in PREFIX_CACHING_HASH_ALGOS:
+            raise ValueError(
+                f"prefix_caching_hash_algo must be one of {', '.join(PREFIX_CACHING_HASH_ALGOS)}, "
+                f"got {self.prefix_caching_hash_algo!r}"
+            )
         self._check_chunking()
 
     def _check_chunking(self) -> None:

@@ -101,6 +101,7 @@ def drive(
         PolicyError: if requests wait, nothing runs and the policy admits
             nothing (the run would never end), or a policy answer is invalid.
     """
+    scheduler.policy.prepare(requests)  # e.g. fit a length predictor
     i, num_requests = 0, len(requests)
     while True:
         now = clock.now_s()
@@ -130,3 +131,4 @@ def _flush(scheduler: Scheduler, on_ended: Callable[[list[Seq]], None]) -> None:
     ended = scheduler.pop_ended()
     if ended:
         on_ended(ended)
+        scheduler.release_steps()

@@ -14,6 +14,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from roseinfer.interface import AdmissionPolicy, PolicyWrapper
+    from roseinfer.prediction import LengthPredictor
+    from roseinfer.routing import Router
 
 PROJECT_NAME = "roseinfer"
 
@@ -50,4 +52,26 @@ def register_policy_wrappers() -> list[type[PolicyWrapper]]:  # type: ignore[emp
     whatever admission policy a run chose, when its ``enabled(options)``
     class method says the run's options ask for it (e.g. force-FIFO when
     ``--force-fifo-every N`` is given). All implementations are collected.
+    """
+
+
+@hookspec
+def register_length_predictors() -> list[type[LengthPredictor]]:  # type: ignore[empty-body]
+    """Return output-length predictor classes contributed by this plugin.
+
+    Each class subclasses :class:`roseinfer.prediction.LengthPredictor`, has a
+    unique ``name`` (the ``--length-predictor`` value) and overrides
+    ``predict`` (and ``fit`` to learn from a training slice). All
+    implementations are collected; duplicate names are an error.
+    """
+
+
+@hookspec
+def register_routers() -> list[type[Router]]:  # type: ignore[empty-body]
+    """Return router classes contributed by this plugin.
+
+    Each class subclasses :class:`roseinfer.routing.Router`, has a unique
+    ``name`` (the ``--router`` value) and overrides ``score`` and/or ``pick``
+    (and ``filter``). Used by clusters (``rose-sim --num-replicas N``). All
+    implementations are collected; duplicate names are an error.
     """

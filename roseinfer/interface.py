@@ -1,4 +1,4 @@
-"""The one policy interface: admission, loop ordering and preemption victim.
+"""The one policy interface: admission, loop ordering, preemption, observation.
 
 A run combines two plugin classes: the admission policy (``--policy``, which
 overrides :meth:`AdmissionPolicy.admit`) and the loop ordering
@@ -6,6 +6,13 @@ overrides :meth:`AdmissionPolicy.admit`) and the loop ordering
 subclasses of :class:`AdmissionPolicy`; a class overrides only what it changes
 and inherits the defaults for the rest (FIFO admission, prefill-first order,
 the most recently admitted request as preemption victim).
+
+Policies that need more than ``admit`` opt in with class attributes: a
+policy that names running requests to preempt for waiting ones
+(``may_preempt``, :meth:`AdmissionPolicy.preempt`), one that drops waiting
+requests (``may_drop``, :meth:`AdmissionPolicy.drop`), one that watches what
+every step computed (``observes_steps``, :meth:`AdmissionPolicy.observe_step`),
+and typed knobs (``option_specs``, :class:`PolicyOption`: real CLI flags).
 
 The scheduler validates every answer (:class:`PolicyError` names the plugin).
 """
@@ -15,10 +22,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
 if TYPE_CHECKING:
     from roseinfer.sequence import Sequence as Seq
+
+
+_T = TypeVar("_T")
 
 
 class PolicyError(RuntimeError):
@@ -57,13 +67,15 @@ class PolicyOptions:
         chunk_head: ``budget``/``pack``: a head that does not fit the token budget is
             admitted with a chunk that fills the budget (chunked prefill) instead of
             going alone with its whole prompt.
-        extra: third-party knobs from ``--policy-arg key=value`` (strings).
+        extra: knobs declared by plugins (:class:`PolicyOption`), from their own
+            flags or ``--policy-arg key=value``: typed values, or strings that
+            :meth:`AdmissionPolicy.opt` converts with the declared type.
     """
 
     lookahead: int = 64
     force_fifo_every: int = 0
     chunk_head: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.lookahead <= 0:
@@ -72,6 +84,95 @@ class PolicyOptions:
             raise ValueError(
                 f"force_fifo_every must be >= 0 (0 disables), got {self.force_fifo_every}"
             )
+
+
+def parse_bool(text: str) -> bool:
+    """``"1"/"true"/"yes"/"on"`` -> True, ``"0"/"false"/"no"/"off"`` -> False.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOption:
+    """A typed knob a plugin declares (``option_specs``); the CLIs turn it into
+    a real flag ``--{name with dashes}`` shown by ``--help``, and accept it as
+    ``--policy-arg name=value``.
+
+    Attributes:
+        name: snake_case key in :attr:`PolicyOptions.extra`.
+        type: ``int``, ``float``, ``str`` or ``bool`` (parsed by :func:`parse_bool`).
+        default: value when not given.
+        help: one line for ``--help`` (units included).
+        choices: allowed values, or None.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        """The CLI flag, e.g. ``--length-predictor``."""
+        return "--" + self.name.replace("_", "-")
+
+    def convert(self, value: Any) -> Any:
+        """``value`` (a string from the command line, or typed) as this option's type.
+
+        Raises:
+            ValueError: naming the flag, if it does not parse or is not a choice.
+        """
+        try:
+            if isinstance(value, str):
+                value = parse_bool(value) if self.type is bool else self.type(value)
+        except ValueError:
+            raise ValueError(f"{self.flag} takes a {self.type.__name__}, got {value!r}") from None
+        if self.choices is not None and value not in self.choices:
+            known = ", ".join(map(str, self.choices))
+            raise ValueError(f"{self.flag} must be one of {known}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class StepItem:
+    """What one request computed in a step (for :meth:`AdmissionPolicy.observe_step`).
+
+    Attributes:
+        seq: the request's state (read it, never change it).
+        tenant: ``seq.request.tenant`` (None: no tenant).
+        num_tokens: tokens computed (prompt chunk or decodes; a multi-step decode
+            output counts each of its steps).
+        is_decode: True for decode tokens, False for prompt (prefill) tokens.
+    """
+
+    seq: Seq
+    tenant: str | None
+    num_tokens: int
+    is_decode: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """The end of one scheduler output (one step, or a multi-step decode run).
+
+    Attributes:
+        end_s: end time of its last step (s).
+        num_steps: steps it covered.
+        items: one :class:`StepItem` per scheduled request.
+    """
+
+    end_s: float
+    num_steps: int
+    items: tuple[StepItem, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +225,13 @@ class PolicyContext:
         cost: ``cost(seq)`` -> prompt tokens this request would compute if
             admitted now: tokens not in the prefix cache, capped at
             ``max_model_len`` (seed 031's ``min(len(prompt), max_context)``).
+        running: the running set in admission order (a read-only view; never
+            mutate it or the sequences).
+        num_free_blocks: free KV blocks (evictable cached ones included).
+        block_size: tokens per KV block.
+        max_num_seqs: the running-set cap.
+        free_seats: requests that may be admitted now: min(``prefill_max_seqs``,
+            ``max_num_seqs`` - running).
     """
 
     now_s: float
@@ -132,6 +240,11 @@ class PolicyContext:
     num_waiting: int
     max_model_len: int
     cost: Callable[[Seq], int]
+    running: Sequence[Seq] = ()
+    num_free_blocks: int = 0
+    block_size: int = 16
+    max_num_seqs: int = 0
+    free_seats: int = 0
 
 
 Choice = Union["Seq", tuple["Seq", int]]
@@ -157,6 +270,14 @@ class AdmissionPolicy:
             queue order (the property tests check what a policy declares).
         admits_queue_prefix: declares that every selection is a prefix of the
             waiting queue (strict FIFO; implies ``preserves_arrival_order``).
+        may_preempt: the scheduler calls :meth:`preempt` before planning a step.
+        may_drop: the scheduler calls :meth:`drop` before planning a step.
+        observes_steps: the scheduler calls :meth:`observe_step` after every step.
+        uses_length_predictor: the registry sets ``self.predictor`` (a
+            :class:`roseinfer.prediction.LengthPredictor` named by ``--length-predictor``).
+        option_specs: typed knobs this plugin reads (:class:`PolicyOption`).
+        guarantees: names of the properties it declares (checked by
+            ``tests/test_properties.py``), e.g. ``"strict-priority"``.
     """
 
     name: ClassVar[str] = ""
@@ -166,9 +287,61 @@ class AdmissionPolicy:
     uses_chunk_head: ClassVar[bool] = False
     preserves_arrival_order: ClassVar[bool] = False
     admits_queue_prefix: ClassVar[bool] = False
+    may_preempt: ClassVar[bool] = False
+    may_drop: ClassVar[bool] = False
+    observes_steps: ClassVar[bool] = False
+    uses_length_predictor: ClassVar[bool] = False
+    option_specs: ClassVar[tuple[PolicyOption, ...]] = ()
+    guarantees: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options if options is not None else PolicyOptions()
+
+    def opt(self, name: str) -> Any:
+        """The value of the declared option ``name`` (its default when not given).
+
+        Raises:
+            KeyError: if this class declares no such option.
+            ValueError: if the given value does not parse (names the flag).
+        """
+        for spec in type(self).option_specs:
+            if spec.name == name:
+                value = self.options.extra.get(name)
+                return spec.default if value is None else spec.convert(value)
+        raise KeyError(f"{type(self).__name__} declares no option {name!r}")
+
+    def prepare(self, requests: Sequence[Any]) -> None:
+        """Called once with the whole workload (``list[Request]`` sorted by
+        arrival) before a replay, e.g. to fit a length predictor on a training
+        slice. An online server never calls it. Default: nothing."""
+
+    def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Name running requests to preempt (by recompute) in favour of waiting ones.
+
+        Called before each step is planned while requests wait, only when the
+        class sets ``may_preempt``. ``ctx.running`` is the running set.
+
+        Returns:
+            Distinct members of ``ctx.running`` (empty: preempt nothing). They
+            return to the head of the waiting queue, as after a KV preemption,
+            and admission may run in the same step.
+        """
+        return []
+
+    def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Name waiting requests to end now as rejected (e.g. a missed deadline).
+
+        Called before each step is planned, only when ``may_drop`` is set.
+
+        Returns:
+            Distinct members of ``waiting``; each ends with status ``rejected``
+            and reason ``dropped by policy ...``.
+        """
+        return []
+
+    def observe_step(self, report: StepReport) -> None:
+        """Called after every applied scheduler output when ``observes_steps`` is
+        set: what each request computed (tokens, tenant). Default: nothing."""
 
     def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Choose the waiting requests to prefill this step.
@@ -189,7 +362,11 @@ class AdmissionPolicy:
             unless the list holds a single request (an oversize request goes
             alone so nothing deadlocks), and the list holds at most
             ``budget.max_seqs`` requests. Returning an empty list while nothing
-            runs stalls the run and is an error.
+            runs stalls the run and is an error. The scheduler admits in list
+            order and stops at the first request that cannot start this step
+            (KV blocks, step tokens, the partial-prefill cap); each entry is
+            checked when it is taken, so the entries after that one are never
+            looked at (a long answer costs nothing beyond what is admitted).
 
         Default: FIFO, no token limit (the ``fifo`` policy).
         """
@@ -259,20 +436,49 @@ class PolicyWrapper(AdmissionPolicy):
         """Delegate to the wrapped policy."""
         return self.inner.select_victim(running, ctx)
 
+    def prepare(self, requests: Sequence[Any]) -> None:
+        """Delegate to the wrapped policy."""
+        self.inner.prepare(requests)
+
+    def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Delegate to the wrapped policy."""
+        return self.inner.preempt(waiting, ctx)
+
+    def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Delegate to the wrapped policy."""
+        return self.inner.drop(waiting, ctx)
+
+    def observe_step(self, report: StepReport) -> None:
+        """Delegate to the wrapped policy."""
+        self.inner.observe_step(report)
+
 
 class ComposedPolicy(AdmissionPolicy):
     """The policy a run uses: admission and victim from one plugin class
     (possibly wrapped), loop ordering from another.
 
+    An exception raised inside a plugin's ``admit``, ``order`` or
+    ``select_victim`` is re-raised as :class:`PolicyError` naming the policy, its
+    plugin and the method, so a plugin bug never reads as a bad flag (the
+    original exception is the ``__cause__``).
+
     Args:
         admission: instance answering ``admit`` and ``select_victim``.
         ordering: instance answering ``order``.
+        plugins: the plugins that contributed ``admission`` (its wrappers
+            included) and ``ordering``, for error messages.
     """
 
-    def __init__(self, admission: AdmissionPolicy, ordering: AdmissionPolicy) -> None:
+    def __init__(
+        self,
+        admission: AdmissionPolicy,
+        ordering: AdmissionPolicy,
+        plugins: tuple[str, str] = ("", ""),
+    ) -> None:
         super().__init__(admission.options)
         self.admission = admission
         self.ordering = ordering
+        self.plugins = plugins
         self.label = f"{_label(admission)}+{ordering.name}"
         self.base = _base(admission)
 
@@ -281,17 +487,73 @@ class ComposedPolicy(AdmissionPolicy):
         """Whether the chosen admission policy (not its wrappers) honours the budget."""
         return self.base.uses_token_budget
 
+    @property
+    def may_preempt(self) -> bool:  # type: ignore[override]
+        """Whether the chosen admission policy names running requests to preempt."""
+        return self.base.may_preempt
+
+    @property
+    def may_drop(self) -> bool:  # type: ignore[override]
+        """Whether the chosen admission policy drops waiting requests."""
+        return self.base.may_drop
+
+    @property
+    def observes_steps(self) -> bool:  # type: ignore[override]
+        """Whether the chosen admission policy watches every step."""
+        return self.base.observes_steps
+
+    def prepare(self, requests: Sequence[Any]) -> None:
+        """Delegate to the admission policy."""
+        self._admission_call("prepare", self.admission.prepare, requests)
+
+    def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Delegate to the admission policy."""
+        return self._admission_call("preempt", self.admission.preempt, waiting, ctx)
+
+    def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
+        """Delegate to the admission policy."""
+        return self._admission_call("drop", self.admission.drop, waiting, ctx)
+
+    def observe_step(self, report: StepReport) -> None:
+        """Delegate to the admission policy."""
+        self._admission_call("observe_step", self.admission.observe_step, report)
+
     def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Delegate to the admission policy."""
-        return self.admission.admit(waiting, budget, ctx)
+        return self._admission_call("admit", self.admission.admit, waiting, budget, ctx)
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Delegate to the loop ordering."""
-        return self.ordering.order(ctx)
+        try:
+            return self.ordering.order(ctx)
+        except PolicyError:
+            raise
+        except Exception as err:
+            raise self._crash("order", self.ordering.name, self.plugins[1], err) from err
 
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
         """Delegate to the admission policy."""
-        return self.admission.select_victim(running, ctx)
+        return self._admission_call("select_victim", self.admission.select_victim, running, ctx)
+
+    def _admission_call(self, method: str, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, with any exception but a PolicyError re-raised as one
+        naming the plugin (a third-party bug must not look like a user error)."""
+        try:
+            return fn(*args)
+        except PolicyError:
+            raise
+        except Exception as err:
+            raise self._crash(method, _label(self.admission), self.plugins[0], err) from err
+
+    @staticmethod
+    def _crash(method: str, name: str, plugin: str, err: Exception) -> PolicyError:
+        detail = str(err).strip().splitlines()
+        what = f"{type(err).__name__}: {detail[0][:200]}" if detail else type(err).__name__
+        source = f" (plugin {plugin})" if plugin else ""
+        return PolicyError(
+            f"policy {name!r}{source} raised {what} in {method}(); a bug in that plugin, "
+            "not in the flags: report it to its authors or pick another policy"
+        )
 
 
 def _label(policy: AdmissionPolicy) -> str:

@@ -15,52 +15,73 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Sequence as SequenceABC
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from roseinfer.metrics.schema import COLUMNS
+from roseinfer.metrics.histogram import LogHistogram
+from roseinfer.metrics.schema import COLUMNS, OPTIONAL_COLUMNS
 from roseinfer.sequence import SeqStatus, Sequence
 
 
 class StepLog:
-    """End times of every step of a run and which of them carried decodes.
+    """End times of the steps of a run and which of them carried decodes.
 
-    Stored in flat typed arrays (8 bytes per step), so a run of millions of
-    steps stays small.
+    Stored in flat typed arrays (8 bytes per step). Step indices are absolute;
+    :meth:`release` drops the steps before a given one once no request still
+    to be recorded refers to them, so a long run keeps only a window of steps.
     """
 
-    __slots__ = ("_end_s", "_decode_steps")
+    __slots__ = ("_end_s", "_decode_steps", "_base")
 
     def __init__(self) -> None:
         self._end_s = array("d")
-        self._decode_steps = array("q")  # indices of decode-carrying steps, ascending
+        self._decode_steps = array("q")  # absolute indices of decode-carrying steps, ascending
+        self._base = 0  # absolute index of self._end_s[0]
 
     @property
     def num_steps(self) -> int:
-        """Steps logged so far."""
-        return len(self._end_s)
+        """Steps logged so far (released ones included)."""
+        return self._base + len(self._end_s)
+
+    @property
+    def first_kept_step(self) -> int:
+        """Index of the oldest step still held (0 until :meth:`release`)."""
+        return self._base
 
     @property
     def end_s(self) -> np.ndarray:
-        """End time (s) of every step, float64 ``[num_steps]`` (a read-only view)."""
+        """End time (s) of every held step, float64 ``[num_steps - first_kept_step]``
+        (a read-only view)."""
         view = np.frombuffer(self._end_s, dtype=np.float64) if self._end_s else np.empty(0)
         view.flags.writeable = False
         return view
 
     @property
     def carries_decodes(self) -> np.ndarray:
-        """bool ``[num_steps]``: True for steps that carried decodes."""
-        flags = np.zeros(self.num_steps, dtype=bool)
-        flags[self._decode_indices()] = True
+        """bool ``[num_steps - first_kept_step]``: True for held steps that carried decodes."""
+        flags = np.zeros(len(self._end_s), dtype=bool)
+        flags[self._decode_indices() - self._base] = True
         return flags
 
     def append(self, end_times_s: SequenceABC[float], *, carries_decodes: bool) -> None:
         """Log consecutive steps ending at ``end_times_s`` (s)."""
-        first = len(self._end_s)
+        first = self.num_steps
         self._end_s.extend(float(t) for t in end_times_s)
         if carries_decodes:
-            self._decode_steps.extend(range(first, len(self._end_s)))
+            self._decode_steps.extend(range(first, self.num_steps))
+
+    def release(self, before_step: int) -> None:
+        """Forget the steps with index < ``before_step`` (their token times can no
+        longer be asked for); the last step is always kept."""
+        drop = min(before_step, self.num_steps - 1) - self._base
+        if drop <= 0:
+            return
+        del self._end_s[:drop]
+        self._base += drop
+        cut = int(np.searchsorted(self._decode_indices(), self._base, side="left"))
+        del self._decode_steps[:cut]
 
     def _decode_indices(self) -> np.ndarray:
         if not self._decode_steps:
@@ -69,35 +90,63 @@ class StepLog:
 
     def token_times_s(self, stays: SequenceABC[SequenceABC[int | None]]) -> np.ndarray:
         """Times (s) of every token sampled in ``stays`` (``[first_token_step,
-        last_step]`` pairs; a stay with no first token produced none)."""
-        end_s, decode_idx = self.end_s, self._decode_indices()
+        last_step]`` pairs; a stay with no first token produced none).
+
+        Raises:
+            IndexError: if a stay refers to a released step.
+        """
+        end_s, decode_idx, base = self.end_s, self._decode_indices(), self._base
         parts: list[np.ndarray] = []
         for first, last in stays:
             if first is None or last is None or last < first:
                 continue
+            if first < base:
+                raise IndexError(f"step {first} was released (steps before {base} are gone)")
             lo = int(np.searchsorted(decode_idx, first, side="right"))
             hi = int(np.searchsorted(decode_idx, last, side="right"))
-            parts.append(end_s[first : first + 1])
-            parts.append(end_s[decode_idx[lo:hi]])
+            parts.append(end_s[first - base : first - base + 1])
+            parts.append(end_s[decode_idx[lo:hi] - base])
         if not parts:
             return np.empty(0)
         return np.concatenate(parts)
 
 
+_FLOAT_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "deadline_s")
+_INT_COLUMNS = (
+    "priority",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "num_cached_prompt_tokens",
+    "num_preemptions",
+)
+
+
 class RecordBuilder:
     """Collects one row per ended request (schema: ``roseinfer.metrics.schema``).
 
-    Thread-safe: a server's worker may add rows while another thread reads the frame.
+    Numeric columns are kept in typed arrays (8 bytes a cell). Thread-safe: a
+    server's worker may add rows while another thread reads the frame.
 
     Args:
         keep_token_ids: also keep ``prompt_token_ids`` and ``output_token_ids``
             columns (lists), to compare a run with another implementation.
+        keep_token_times: keep every token's time (``token_times_s``, 8 bytes a
+            token: gigabytes for millions of requests). When False the column
+            holds None and the inter-token gaps of finished requests are counted
+            in :attr:`itl` (a :class:`~roseinfer.metrics.LogHistogram`) instead,
+            for ``summarize(..., itl=builder.itl)``.
     """
 
-    def __init__(self, *, keep_token_ids: bool = False) -> None:
+    def __init__(self, *, keep_token_ids: bool = False, keep_token_times: bool = True) -> None:
         self.keep_token_ids = keep_token_ids
-        self._rows: dict[str, list] = {name: [] for name in COLUMNS}
-        self._order: list[int] = []  # submission index of each row
+        self.keep_token_times = keep_token_times
+        self.itl: LogHistogram | None = None if keep_token_times else LogHistogram()
+        self._rows: dict[str, Any] = {name: [] for name in (*COLUMNS, *OPTIONAL_COLUMNS)}
+        self._rows.update({name: array("d") for name in _FLOAT_COLUMNS})
+        self._rows.update({name: array("q") for name in _INT_COLUMNS})
+        self._order = array("q")  # submission index of each row
+        self._gaps: list[np.ndarray] = []  # ITL gaps not yet in the histogram
+        self._num_gaps = 0
         self._lock = threading.Lock()
         if keep_token_ids:
             self._rows["prompt_token_ids"] = []
@@ -135,10 +184,28 @@ class RecordBuilder:
         rows["num_cached_prompt_tokens"].append(seq.num_cached_prompt_tokens or 0)
         rows["num_preemptions"].append(seq.num_preemptions)
         rows["stop_reason"].append(seq.stop_reason)
-        rows["token_times_s"].append(times)
+        if self.keep_token_times:
+            rows["token_times_s"].append(times)
+        else:
+            rows["token_times_s"].append(None)
+            if finished and len(times) > 1:
+                self._count_gaps(np.diff(times))
+        rows["priority"].append(req.priority)
+        rows["deadline_s"].append(np.nan if req.deadline_s is None else req.deadline_s)
         if self.keep_token_ids:
             rows["prompt_token_ids"].append(list(req.prompt_token_ids or ()))
             rows["output_token_ids"].append(list(seq.output_token_ids))
+
+    def _count_gaps(self, gaps: np.ndarray) -> None:
+        self._gaps.append(gaps)
+        self._num_gaps += gaps.size
+        if self._num_gaps >= 1 << 16:
+            self._flush_gaps()
+
+    def _flush_gaps(self) -> None:
+        if self._gaps and self.itl is not None:
+            self.itl.add(np.concatenate(self._gaps))
+        self._gaps, self._num_gaps = [], 0
 
     def extend(self, seqs: SequenceABC[Sequence], step_log: StepLog) -> None:
         """Append the rows of several ended requests."""
@@ -146,8 +213,21 @@ class RecordBuilder:
             self.add(seq, step_log)
 
     def frame(self) -> pd.DataFrame:
-        """The records so far as a DataFrame, in submission order."""
+        """The records so far as a DataFrame, in submission order (also moves
+        pending gaps into :attr:`itl`)."""
         with self._lock:
-            order = np.argsort(np.asarray(self._order, dtype=np.int64), kind="stable")
-            frame = pd.DataFrame(self._rows)
+            self._flush_gaps()
+            order = np.argsort(_copy(self._order), kind="stable")
+            columns = {
+                name: _copy(col) if isinstance(col, array) else col
+                for name, col in self._rows.items()
+            }
+            frame = pd.DataFrame(columns)
         return frame.iloc[order].reset_index(drop=True)
+
+
+def _copy(values: array) -> np.ndarray:
+    """A typed array as a numpy array that owns its data (a view would pin the
+    array's buffer and make later appends fail)."""
+    dtype = np.float64 if values.typecode == "d" else np.int64
+    return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.empty(0, dtype)

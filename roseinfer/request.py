@@ -15,7 +15,7 @@ class SamplingParams:
 
     Attributes:
         temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / T).
-        top_k: keep the k most likely tokens; 0 disables.
+        top_k: keep the k most likely tokens; 0 (or -1, vLLM's value) disables.
         top_p: nucleus sampling mass in (0, 1]; 1 disables.
         seed: per-request seed for a reproducible sample; None draws from the
             engine's seeded generator.
@@ -24,7 +24,7 @@ class SamplingParams:
         stop_token_ids: extra token ids that end the request (besides EOS).
 
     Raises:
-        ValueError: on a negative temperature or top_k, or top_p outside (0, 1].
+        ValueError: on a negative temperature, top_k < -1, or top_p outside (0, 1].
     """
 
     temperature: float = 0.0
@@ -37,8 +37,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables), got {self.top_k}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be >= 0, or -1 (0 and -1 disable), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
@@ -71,13 +71,15 @@ class Request:
         prefix_hash_block_tokens: tokens covered by one prefix hash id (512 in the
             Mooncake traces).
         tenant: optional tenant (client) name, for fairness metrics.
-        priority: optional priority (lower is more urgent, as in vLLM); policies
-            may use it, the built-ins ignore it.
+        priority: priority class (lower is more urgent, vLLM's convention; default
+            0); read by ``priority`` and reported per class by the metrics.
+        deadline_s: optional first-token deadline in seconds after arrival (a
+            TTFT SLO); read by ``edf``; the metrics report its attainment.
         sampling: sampling parameters for the executor.
 
     Raises:
         ValueError: on non-positive lengths, a negative arrival time, or token ids
-            whose count differs from ``num_prompt_tokens``.
+            whose count differs from ``num_prompt_tokens``, or a deadline <= 0.
     """
 
     request_id: str
@@ -89,6 +91,7 @@ class Request:
     prefix_hash_block_tokens: int = 512
     tenant: str | None = None
     priority: int = 0
+    deadline_s: float | None = None
     sampling: SamplingParams = field(default=GREEDY)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,10 @@ class Request:
             raise ValueError(
                 f"request {self.request_id}: {len(ids)} prompt token ids but "
                 f"num_prompt_tokens={self.num_prompt_tokens}"
+            )
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(
+                f"request {self.request_id}: deadline_s must be > 0 s, got {self.deadline_s}"
             )
         if self.prefix_hash_block_tokens <= 0:
             raise ValueError("prefix_hash_block_tokens must be > 0")

@@ -32,9 +32,17 @@ from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 
-from roseinfer.block_manager import BlockManager
+from roseinfer.block_manager import BLOCK_HASHERS, BlockManager
 from roseinfer.config import SchedulerConfig
-from roseinfer.interface import AdmissionPolicy, Budget, Phase, PolicyContext, PolicyError
+from roseinfer.interface import (
+    AdmissionPolicy,
+    Budget,
+    Phase,
+    PolicyContext,
+    PolicyError,
+    StepItem,
+    StepReport,
+)
 from roseinfer.records import StepLog
 from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
@@ -171,6 +179,39 @@ class _WaitingView(SequenceABC[Sequence]):
         return iter(self._queue)
 
 
+class _ListView(SequenceABC[Sequence]):
+    """Read-only view of the running set handed to policies (no copy)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: list[Sequence]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._items)
+
+
+def _report(out: SchedulerOutput, end_s: float) -> StepReport:
+    """What each request of ``out`` computed, for ``observe_step``."""
+    extra = out.num_steps - 1
+    items = tuple(
+        StepItem(
+            item.seq,
+            item.seq.request.tenant,
+            item.num_new_tokens + (extra if item.is_decode else 0),
+            item.is_decode,
+        )
+        for item in out.scheduled
+    )
+    return StepReport(end_s, out.num_steps, items)
+
+
 class Scheduler:
     """Continuous-batching scheduler shared by the simulator and the executor.
 
@@ -199,7 +240,10 @@ class Scheduler:
                 "(--prefill-max-tokens); use --policy budget or pack, or drop the budget"
             )
         self.block_manager = BlockManager(
-            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+            config.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            BLOCK_HASHERS[config.prefix_caching_hash_algo],
         )
         self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
@@ -212,6 +256,8 @@ class Scheduler:
         self._phases: deque[Phase] = deque()
         self._live: dict[str, Sequence] = {}
         self._ended: list[Sequence] = []
+        self._acts = bool(policy.may_preempt or policy.may_drop)  # see _policy_actions
+        self._observes = bool(policy.observes_steps)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request, now_s: float) -> Sequence:
@@ -277,6 +323,23 @@ class Scheduler:
         ended, self._ended = self._ended, []
         return ended
 
+    def release_steps(self, min_held: int = 1 << 20) -> None:
+        """Drop the step log's steps that no waiting or running request refers to,
+        once it holds more than ``min_held`` steps (memory flat in run length).
+        Call it after the requests from :meth:`pop_ended` were recorded: their
+        token times come from the steps."""
+        log = self.step_log
+        if log.num_steps - log.first_kept_step <= min_held or self._ended:
+            return
+        oldest = log.num_steps
+        for seq in self._live.values():
+            for first, last in seq.stays:
+                step = first if first is not None else last
+                if step is not None:
+                    oldest = min(oldest, step)
+                    break
+        log.release(oldest)
+
     # ---------------------------------------------------------------- schedule
     def schedule(self, now_s: float, num_decode_steps: int = 1) -> SchedulerOutput:
         """Plan the next step.
@@ -295,7 +358,8 @@ class Scheduler:
             PolicyError: if a policy answer is invalid.
             ValueError: if ``num_decode_steps`` exceeds what can run uneventfully.
         """
-        preempted: list[Sequence] = []  # by phases that then had nothing to run
+        # by the policy itself, then by phases that had nothing to run
+        preempted = self._policy_actions(now_s) if self._acts and self.waiting else []
         for phase in self._next_phases(now_s):
             out = self._plan(phase, now_s)
             if not out.is_empty:
@@ -359,7 +423,59 @@ class Scheduler:
             num_waiting=len(self.waiting),
             max_model_len=max_len,
             cost=cost,
+            running=_ListView(self.running),
+            num_free_blocks=bm.num_free_blocks,
+            block_size=self.config.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            free_seats=max(self._free_seats(), 0),
         )
+
+    # ------------------------------------------------- policy-named preemption
+    def _policy_actions(self, now_s: float) -> list[Sequence]:
+        """Drop and preempt what the policy names (``may_drop``/``may_preempt``).
+
+        Returns:
+            The requests preempted (they wait again at the head of the queue).
+
+        Raises:
+            PolicyError: if a named request is not waiting (drop) or not running
+                (preempt), or is named twice.
+        """
+        where = f"policy {self.policy_name!r}"
+        if self.policy.may_drop:
+            ctx = self._context(now_s)
+            for seq in self._named(
+                self.policy.drop(_WaitingView(self.waiting), ctx), where, "drop"
+            ):
+                if seq.status is not SeqStatus.WAITING:
+                    raise PolicyError(f"{where} asked to drop {seq!r}, which is not waiting")
+                self.waiting.remove(seq)
+                self._end(seq, SeqStatus.REJECTED, now_s, reject_reason=f"dropped by {where}")
+        if not self.policy.may_preempt or not self.waiting or not self.running:
+            return []
+        victims = self._named(
+            self.policy.preempt(_WaitingView(self.waiting), self._context(now_s)), where, "preempt"
+        )
+        for seq in victims:
+            if seq.status is not SeqStatus.RUNNING:
+                raise PolicyError(f"{where} asked to preempt {seq!r}, which is not running")
+        for seq in reversed(victims):  # the first named ends at the head of the queue
+            self._preempt(seq)
+        return victims
+
+    def _named(self, answer: object, where: str, what: str) -> list[Sequence]:
+        if not isinstance(answer, list):
+            raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
+        seen: set[int] = set()
+        for seq in answer:
+            if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
+                raise PolicyError(
+                    f"{where} asked to {what} {seq!r}, which this scheduler does not hold"
+                )
+            if seq.seq_id in seen:
+                raise PolicyError(f"{where} asked to {what} {seq!r} twice")
+            seen.add(seq.seq_id)
+        return answer
 
     def _plan(self, phase: Phase, now_s: float) -> SchedulerOutput:
         out = SchedulerOutput(self.step_log.num_steps, phase)
@@ -626,6 +742,8 @@ class Scheduler:
         """
         if not self.running or self.num_prefilling or (self.waiting and self._free_seats() > 0):
             return 1
+        if self._acts and self.waiting:  # the policy may preempt or drop before any step
+            return 1
         steps = math.inf
         for seq in self.running:
             if not seq.request.sampling.ignore_eos:
@@ -707,6 +825,8 @@ class Scheduler:
         if finished:
             done = {s.seq_id for s in finished}
             self.running = [s for s in self.running if s.seq_id not in done]
+        if self._observes:
+            self.policy.observe_step(_report(out, float(ends[-1])))
         return finished
 
     def _append_tokens(

@@ -5,6 +5,9 @@ Example::
     rose-sim --policy pack --prefill-max-tokens 256 --force-fifo-every 8
     rose-sim --policy budget --prefill-max-tokens 2048 \\
         --trace AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --device h100-sxm
+    rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl
+    rose-sim sweep grid.toml --backend ray
+    rose-sim capacity --goodput ttft:2000 tpot:100 --policy budget --prefill-max-tokens 2048
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from roseinfer.cli import (
     add_common_args,
     build_workload,
     config_facts,
+    float_in,
     kv_blocks_from_bytes,
     report,
     run_main,
@@ -35,6 +39,12 @@ from roseinfer.cli import (
 from roseinfer.config import DEFAULT_BLOCK_SIZE
 from roseinfer.registry import Registry
 from roseinfer.sequence import Sequence
+from roseinfer.simulator.cluster_cli import (
+    add_cluster_args,
+    replica_specs,
+    run_cluster,
+    wants_cluster,
+)
 from roseinfer.simulator.cost_model import CostModel, make_cost_model
 from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.profiled import ProfileError, load_profile
@@ -82,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
         help="share of device memory for weights + KV cache, sets the default KV pool "
         f"(default {GPU_MEMORY_UTILIZATION}, as vLLM)",
@@ -92,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="plan every decode step alone (slower; same result, for checking)",
     )
+    add_cluster_args(parser)
     parser.set_defaults(block_size=None)  # None: the profile's, else DEFAULT_BLOCK_SIZE
+    # NOTE: nobody crafts colliding prompts in a simulation, and SHA-256 made a 2,000-request
+    # synthetic run with 1,024-token prompts 1.45-1.59x slower (benchmarks/input_costs.py).
+    parser.set_defaults(prefix_caching_hash_algo="builtin")
     return parser
 
 
@@ -100,15 +114,16 @@ def load_model_spec(name: str) -> ModelSpec:
     """A built-in model spec, or one read from a transformers ``config.json``.
 
     Raises:
-        CliError: if the file cannot be read.
+        CliError: if the file cannot be read or holds no valid model shape.
     """
     path = Path(name)
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         try:
             return model_spec_from_hf_config(json.loads(file.read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as err:
-            raise CliError(f"cannot read a model config from {file}: {err}") from None
+        except (OSError, ValueError, KeyError, RecursionError) as err:
+            detail = str(err).strip()[:200] or type(err).__name__
+            raise CliError(f"cannot read a model config from {file}: {detail}") from None
     return get_model_spec(name)
 
 
@@ -116,18 +131,20 @@ def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: De
     """KV blocks from ``--kv-cache-memory-gb`` or from device memory left after weights.
 
     Raises:
-        CliError: if the weights alone do not fit the device.
+        CliError: if the weights alone do not fit the device, or the memory holds no block.
     """
+    block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
     if args.kv_cache_memory_gb is not None:
         num_bytes = args.kv_cache_memory_gb * 2**30
-    else:
-        num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
-        if num_bytes <= 0:
-            raise CliError(
-                f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
-                f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
-            )
-    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, args.block_size)
+        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size)
+    num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
+    if num_bytes <= 0:
+        raise CliError(
+            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
+            f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
+        )
+    source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
+    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size, source)
 
 
 @dataclass(frozen=True)
@@ -145,7 +162,8 @@ class _Setup:
 def _roofline_setup(args: argparse.Namespace) -> _Setup:
     model = load_model_spec(args.model or DEFAULT_MODEL)
     device = get_device_spec(args.device or DEFAULT_DEVICE)
-    args.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    if args.block_size is None:
+        args.block_size = DEFAULT_BLOCK_SIZE
     num_blocks = default_num_kv_blocks(args, model, device)
     cost_model = make_cost_model(model, device)
     return _Setup(cost_model, model, device.name, num_blocks, model.max_model_len, {})
@@ -178,7 +196,7 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     wanted = {
         "model": None if profile.same_shape(model) else model.name,
         "block_size": args.block_size,
-        "num_kv_blocks": args.num_kv_blocks or num_blocks,
+        "num_kv_blocks": num_blocks if args.num_kv_blocks is None else args.num_kv_blocks,
         "max_model_len": args.max_model_len,
     }
     profiled = {"model": None, **profile.scheduler_defaults()}
@@ -208,10 +226,16 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
     )
+    if wants_cluster(args):
+        specs = replica_specs(args, config, f"{model.name}@{setup.device_name}", cost_model)
+        facts = {"backend": "sim", "workload": workload_name, **setup.extra}
+        title = f"rose-sim: {config.policy} | {workload_name}"
+        run_cluster(args, registry, requests, specs, title=title, extra=facts)
+        return
     with _progress(len(requests), quiet=args.quiet) as on_ended:
         result = simulate(
             requests, config, cost_model, registry=registry, jump=not args.no_jump,
-            on_ended=on_ended,
+            keep_token_times=args.save_records is not None, on_ended=on_ended,
         )  # fmt: skip
     extra = {
         "backend": "sim",
@@ -228,7 +252,10 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "num_steps": result.num_steps,
     }
     title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
+    report(
+        args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+        itl=result.itl,
+    )  # fmt: skip
     if not args.quiet:
         print(
             f"simulated {len(requests)} requests, {result.num_steps} steps "
@@ -255,7 +282,14 @@ def _progress(num_requests: int, *, quiet: bool) -> Iterator[Callable[[list[Sequ
 
 
 def main() -> int:
-    """Entry point of ``rose-sim``."""
+    """Entry point of ``rose-sim`` (``rose-sim sweep ...`` and ``rose-sim capacity ...``
+    are subcommands; see ``roseinfer.simulator.sweep_cli``)."""
+    argv = sys.argv[1:]
+    if argv and argv[0] in ("sweep", "capacity"):
+        from roseinfer.simulator import sweep_cli
+
+        command = sweep_cli.sweep_main if argv[0] == "sweep" else sweep_cli.capacity_main
+        return command(argv[1:])
     return run_main("rose-sim", build_parser(), _run)
 
 

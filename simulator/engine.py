@@ -22,6 +22,7 @@ import pandas as pd
 
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, VirtualClock, drive
+from roseinfer.metrics.histogram import LogHistogram
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
@@ -41,6 +42,9 @@ class SimResult:
         wall_s: wall-clock seconds the simulation took.
         num_steps: engine steps simulated.
         info: extra facts for the result file (cost model, workload notes).
+        itl: the inter-token gaps as a histogram when the run kept no token
+            times (``records.token_times_s`` is then None): pass it to
+            ``summarize(records, itl=result.itl)``.
     """
 
     records: pd.DataFrame
@@ -49,6 +53,7 @@ class SimResult:
     wall_s: float
     num_steps: int
     info: dict[str, object] = field(default_factory=dict)
+    itl: LogHistogram | None = None
 
     @property
     def duration_s(self) -> float:
@@ -115,6 +120,9 @@ class Simulator:
         cost_model: maps a step's batch shape to seconds.
         registry: plugin registry (default: built-ins plus entry points).
         jump: plan uneventful decode runs as one multi-step output.
+        keep_token_times: keep every token's time in the records (8 bytes a
+            token); False keeps an ITL histogram instead (a run of millions of
+            requests then fits in a few hundred MB).
     """
 
     def __init__(
@@ -124,8 +132,10 @@ class Simulator:
         registry: Registry | None = None,
         *,
         jump: bool = True,
+        keep_token_times: bool = True,
     ) -> None:
         self.config = config
+        self.keep_token_times = keep_token_times
         self.cost_model = cost_model
         registry = registry if registry is not None else load_registry()
         self.policy = registry.make(config.policy, config.loop_order, config.options)
@@ -148,7 +158,7 @@ class Simulator:
         start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         sched = Scheduler(self.config, self.policy, self.policy.label)
-        records = RecordBuilder()
+        records = RecordBuilder(keep_token_times=self.keep_token_times)
 
         def ended(seqs: list[Sequence]) -> None:
             records.extend(seqs, sched.step_log)
@@ -165,6 +175,7 @@ class Simulator:
             wall_s=time.perf_counter() - start,
             num_steps=sched.step_log.num_steps,
             info={"cost_model": self.cost_model.describe()},
+            itl=records.itl,
         )
 
 
@@ -175,7 +186,9 @@ def simulate(
     *,
     registry: Registry | None = None,
     jump: bool = True,
+    keep_token_times: bool = True,
     on_ended: Callable[[list[Sequence]], None] | None = None,
 ) -> SimResult:
     """Run one simulation; see :class:`Simulator` (``on_ended``: see its ``run``)."""
-    return Simulator(config, cost_model, registry, jump=jump).run(requests, on_ended)
+    sim = Simulator(config, cost_model, registry, jump=jump, keep_token_times=keep_token_times)
+    return sim.run(requests, on_ended)

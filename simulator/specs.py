@@ -425,6 +425,30 @@ def _config_name(config: Mapping[str, Any]) -> str:
     return str(config.get("_name_or_path") or config.get("model_type") or "custom")
 
 
+_GPT2_INT_KEYS = ("n_layer", "n_embd", "n_head", "n_inner", "vocab_size", "n_positions")
+_LLAMA_INT_KEYS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+
+
+def _check_config_ints(config: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    """Raise ValueError for a shape key that is present (not null) but not an int > 0
+    (zero heads would divide by zero)."""
+    for key in keys:
+        value = config.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value <= 0
+        ):
+            raise ValueError(f"config key {key!r} must be a positive integer, got {value!r}")
+
+
 def _gpt2_spec(config: Mapping[str, Any]) -> ModelSpec:
     hidden, heads = config["n_embd"], config["n_head"]
     return ModelSpec(
@@ -476,9 +500,13 @@ def model_spec_from_hf_config(config: Mapping[str, Any]) -> ModelSpec:
         KeyError: if a required key is missing.
         ValueError: if the values do not make a valid spec.
     """
+    if not isinstance(config, Mapping):
+        raise ValueError(f"a model config is a JSON object, got {type(config).__name__}")
     if config.get("model_type") == "gpt2" or "n_layer" in config:
+        _check_config_ints(config, _GPT2_INT_KEYS)
         return _gpt2_spec(config)
     if "num_hidden_layers" in config:
+        _check_config_ints(config, _LLAMA_INT_KEYS)
         return _llama_spec(config)
     raise KeyError(
         "not a GPT-2 or Llama-family config: needs 'n_layer' or 'num_hidden_layers' "

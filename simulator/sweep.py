@@ -16,15 +16,25 @@ Example (a notebook cell)::
         request_rates=[2, 4, 8, 16],
     )
     roseinfer.metrics.plot_p99_vs_rate(df, metric="ttft", by="variant")
+
+A variant may also name a ``router`` (and ``router_args``) for its cluster
+points; ``num_replicas=[1, 4, 8]`` adds the replica count as a grid axis.
+Every point is independent: ``backend="ray"`` runs each as a Ray task
+(``ray.init()`` on this machine, or ``ray_address`` for a running cluster),
+``"serial"`` in this process, ``"auto"`` (default) Ray when it is installed
+(``pip install roseinfer[ray]``), else serial. Both give the same rows
+(tested): a point's result depends only on its inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import importlib.util
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from roseinfer import workloads
 from roseinfer.config import SchedulerConfig
@@ -32,10 +42,13 @@ from roseinfer.interface import PolicyOptions
 from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
+from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
 from roseinfer.simulator.cost_model import CostModel
 from roseinfer.simulator.engine import simulate
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(PolicyOptions)}
+ROUTER_KEYS = ("router", "router_args", "router_staleness_s")
+BACKENDS = ("auto", "serial", "ray")
 
 
 def apply_overrides(base: SchedulerConfig, overrides: Mapping[str, Any]) -> SchedulerConfig:
@@ -46,15 +59,119 @@ def apply_overrides(base: SchedulerConfig, overrides: Mapping[str, Any]) -> Sche
         ValueError: on a key that is neither a config field nor a policy option.
     """
     config_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    overrides = {k: v for k, v in overrides.items() if k not in ROUTER_KEYS}
     opts = {k: v for k, v in overrides.items() if k in _OPTION_FIELDS}
     cfg = {k: v for k, v in overrides.items() if k in config_fields}
     unknown = set(overrides) - set(opts) - set(cfg)
     if unknown:
         known = sorted(config_fields | _OPTION_FIELDS)
-        raise ValueError(f"unknown sweep keys {sorted(unknown)}; known: {known}")
+        raise ValueError(
+            f"unknown sweep keys {sorted(unknown)}; known: {known + list(ROUTER_KEYS)}"
+        )
     if opts:
         cfg["options"] = dataclasses.replace(base.options, **opts)
     return dataclasses.replace(base, **cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One simulation of a sweep.
+
+    Attributes:
+        index: position in the grid (rows come back in this order).
+        variant: the variant's label.
+        overrides: its overrides of the base config (router keys included).
+        request_rate: req/s for re-drawn arrivals, or None for the trace's times.
+        num_replicas: replicas behind the variant's router (1: a single engine).
+        seed: arrival seed.
+    """
+
+    index: int
+    variant: str
+    overrides: Mapping[str, Any]
+    request_rate: float | None
+    num_replicas: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GridInputs:
+    """What every point shares (sent once to Ray's object store)."""
+
+    requests: Sequence[Request]
+    base: SchedulerConfig
+    cost_model: CostModel
+    burstiness: float = 1.0
+    goodput: Mapping[str, float] | None = None
+
+
+def grid_points(
+    variants: Mapping[str, Mapping[str, Any]],
+    request_rates: Iterable[float] | None = None,
+    num_replicas: Iterable[int] = (1,),
+    seeds: Iterable[int] = (0,),
+) -> list[GridPoint]:
+    """Every (seed, replicas, rate, variant) combination, in that nesting order.
+
+    Raises:
+        ValueError: on an empty axis or a replica count < 1.
+    """
+    rates: list[float | None] = list(request_rates) if request_rates is not None else [None]
+    replicas, seed_list = list(num_replicas), list(seeds)
+    if not variants or not rates or not replicas or not seed_list:
+        raise ValueError("a sweep needs at least one variant, rate, replica count and seed")
+    if min(replicas) < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {replicas}")
+    points: list[GridPoint] = []
+    for seed in seed_list:
+        for n in replicas:
+            for rate in rates:
+                for label, overrides in variants.items():
+                    points.append(GridPoint(len(points), label, overrides, rate, n, seed))
+    return points
+
+
+def run_point(point: GridPoint, inputs: GridInputs, registry: Registry | None = None) -> dict:
+    """Simulate one grid point and summarize it (one DataFrame row).
+
+    Returns:
+        ``variant``, ``policy``, ``router``, ``num_replicas``, ``request_rate``,
+        ``seed``, every summary key, ``sim_wall_s``.
+
+    Raises:
+        ValueError: on unknown override keys; PolicyError from the run.
+    """
+    registry = registry if registry is not None else load_registry()
+    reqs = list(inputs.requests)
+    if point.request_rate is not None:
+        reqs = workloads.rescale_arrivals(
+            reqs, request_rate=point.request_rate, burstiness=inputs.burstiness, seed=point.seed
+        )
+    config = apply_overrides(inputs.base, point.overrides)
+    router_name = str(point.overrides.get("router", "round-robin"))
+    if point.num_replicas == 1 and "router" not in point.overrides:
+        result: Any = simulate(reqs, config, inputs.cost_model, registry=registry)
+        router_name = ""
+    else:
+        router = registry.router(router_name)(
+            seed=point.seed, options=dict(point.overrides.get("router_args", {}))
+        )
+        specs = [ReplicaSpec("replica", config, inputs.cost_model)] * point.num_replicas
+        staleness = float(point.overrides.get("router_staleness_s", 0.0))
+        result = simulate_cluster(
+            reqs, specs, router, registry=registry, router_staleness_s=staleness
+        )
+    summary = summarize(result.records, duration_s=result.duration_s, goodput=inputs.goodput)
+    return {
+        "variant": point.variant,
+        "policy": result.policy,
+        "router": router_name,
+        "num_replicas": point.num_replicas,
+        "request_rate": point.request_rate,
+        "seed": point.seed,
+        **summary,
+        "sim_wall_s": result.wall_s,
+    }
 
 
 def run_grid(
@@ -64,46 +181,102 @@ def run_grid(
     cost_model: CostModel,
     variants: Mapping[str, Mapping[str, Any]],
     request_rates: Iterable[float] | None = None,
+    num_replicas: Iterable[int] = (1,),
+    seeds: Iterable[int] | None = None,
     burstiness: float = 1.0,
     seed: int = 0,
+    goodput: Mapping[str, float] | None = None,
     registry: Registry | None = None,
+    backend: str = "auto",
+    ray_address: str | None = None,
+    progress: bool = True,
 ) -> pd.DataFrame:
-    """Simulate every variant at every request rate.
+    """Simulate every variant at every request rate (and replica count, seed).
 
     Args:
         requests: the workload (lengths are kept; arrivals are re-drawn per rate).
         base: the shared scheduler config.
         cost_model: the simulator's cost model.
-        variants: label -> overrides of ``base`` (see :func:`apply_overrides`).
+        variants: label -> overrides of ``base`` (see :func:`apply_overrides`),
+            plus optional ``router``/``router_args``/``router_staleness_s``.
         request_rates: req/s values (vLLM bench semantics; ``inf`` = all at once);
             None keeps the workload's own arrival times.
+        num_replicas: replica counts (homogeneous copies of ``base``).
+        seeds: arrival seeds (default ``[seed]``), the same for every variant
+            (common random numbers).
         burstiness: gamma shape of inter-arrival gaps (1 = Poisson).
-        seed: arrival seed, the same for every variant (common random numbers).
+        goodput: SLOs in ms for ``request_goodput`` (e.g. ``{"ttft": 2000}``).
+        backend: ``auto``, ``serial`` or ``ray`` (see the module docstring).
+        ray_address: a running Ray cluster's address (default: start one locally).
+        progress: show a tqdm bar on stderr.
 
     Returns:
-        One row per (variant, rate): ``variant``, ``policy`` (composed label),
-        ``request_rate``, every summary key (``p99_ttft_ms``...), ``sim_wall_s``.
+        One row per point in grid order (see :func:`run_point`).
+
+    Raises:
+        ValueError: on an unknown backend or sweep key; ImportError when
+            ``backend="ray"`` and Ray is not installed.
     """
-    registry = registry if registry is not None else load_registry()
-    rates: list[float | None] = list(request_rates) if request_rates is not None else [None]
-    rows: list[dict[str, Any]] = []
-    for rate in rates:
-        reqs = list(requests)
-        if rate is not None:
-            reqs = workloads.rescale_arrivals(
-                reqs, request_rate=rate, burstiness=burstiness, seed=seed
-            )
-        for label, overrides in variants.items():
-            config = apply_overrides(base, overrides)
-            result = simulate(reqs, config, cost_model, registry=registry)
-            summary = summarize(result.records, duration_s=result.duration_s)
-            rows.append(
-                {
-                    "variant": label,
-                    "policy": result.policy,
-                    "request_rate": rate,
-                    **summary,
-                    "sim_wall_s": result.wall_s,
-                }
-            )
+    points = grid_points(
+        variants, request_rates, num_replicas, list(seeds) if seeds is not None else [seed]
+    )
+    inputs = GridInputs(list(requests), base, cost_model, burstiness, goodput)
+    for point in points:  # fail fast on a bad key, before any task starts
+        apply_overrides(base, point.overrides)
+    rows = map_points(
+        lambda p, i: run_point(p, i, registry), points, inputs, backend, ray_address, progress
+    )
     return pd.DataFrame(rows)
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` becomes ``ray`` when Ray is importable, else ``serial``.
+
+    Raises:
+        ValueError: on an unknown name; ImportError for ``ray`` without Ray.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown sweep backend {backend!r}; known: {', '.join(BACKENDS)}")
+    has_ray = importlib.util.find_spec("ray") is not None
+    if backend == "ray" and not has_ray:
+        raise ImportError("backend 'ray' needs Ray: pip install 'roseinfer[ray]'")
+    if backend == "auto":
+        return "ray" if has_ray else "serial"
+    return backend
+
+
+def map_points(
+    fn: Callable[[Any, GridInputs], dict],
+    items: Sequence[Any],
+    inputs: GridInputs,
+    backend: str = "auto",
+    ray_address: str | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """``[fn(item, inputs) for item in items]``, serially or as Ray tasks, with
+    a progress bar; results keep the order of ``items``.
+
+    Raises:
+        ValueError / ImportError: see :func:`resolve_backend`.
+    """
+    bar = tqdm(total=len(items), disable=not progress, desc="sweep", unit="point")
+    if resolve_backend(backend) == "serial":
+        out = []
+        for item in items:
+            out.append(fn(item, inputs))
+            bar.update()
+        bar.close()
+        return out
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(fn)
+    shared = ray.put(inputs)
+    futures = [remote.remote(item, shared) for item in items]
+    pending = list(futures)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        bar.update(len(done))
+    bar.close()
+    return list(ray.get(futures))

@@ -393,3 +393,25 @@ def test_metrics_imports_nothing_else_from_roseinfer():
                 assert root != "roseinfer" or name.startswith("roseinfer.metrics"), (
                     f"{path.name} imports {name}"
                 )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(min_value=1e-6, max_value=100.0, allow_nan=False), min_size=1, max_size=300),
+    st.integers(min_value=1, max_value=4),
+)
+def test_log_histogram_matches_numpy_within_its_resolution(values, num_batches) -> None:
+    from roseinfer.metrics import LogHistogram
+
+    data = np.asarray(values)
+    hist = LogHistogram(relative_error=1e-4)
+    for part in np.array_split(data, num_batches):
+        hist.add(part)
+    qs = [0, 1, 50, 90, 99, 100]
+    got = hist.percentiles(qs)
+    for q, value in zip(qs, got):
+        # each order statistic is off by at most the bucket's half-width (1e-4 relative)
+        assert value == pytest.approx(float(np.percentile(data, q)), rel=3e-4)
+    assert hist.count == data.size
+    assert hist.mean == pytest.approx(float(data.mean()), rel=1e-9)
+    assert hist.std == pytest.approx(float(data.std()), rel=1e-6, abs=1e-12)

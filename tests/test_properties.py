@@ -8,7 +8,14 @@ its exact output length); no KV block leaks; no step computes more than
 ``max_num_batched_tokens``; every prompt token is computed exactly once per
 admission (recompute after a preemption counted apart). Declared guarantees,
 for the policies that declare them: arrival order (``preserves_arrival_order``),
-a queue prefix (``admits_queue_prefix``), force-FIFO's starvation bound.
+a queue prefix (``admits_queue_prefix``), force-FIFO's starvation bound, and
+the names in a policy's ``guarantees``: ``ranked-prefix`` (every selection is
+the best-ranked prefix of the queue under its ``rank``), ``strict-priority``
+(no admitted request is less urgent than one left waiting), ``aging-bound``
+(``lpm``: a request older than the aging bound is passed only by older ones),
+``vtc-bound`` (VTC's service-difference bound between backlogged tenants);
+``hrrn`` is passed only by strictly shorter later arrivals. Every policy
+admits a request at most once per stay (once, plus once per preemption).
 
 Policies include the README's third-party example (``ShortestFirst``), which
 declares no order: it must pass the universal invariants, and only those.
@@ -64,6 +71,7 @@ def make_registry() -> Registry:
 REGISTRY = make_registry()
 POLICIES = sorted(REGISTRY.policies)
 ORDERS = sorted(REGISTRY.loop_orders)
+PREDICTORS = sorted(REGISTRY.predictors)
 MAX_MODEL_LEN = 64
 
 
@@ -75,6 +83,10 @@ class Call:
     selection: list[int]
     tokens: dict[int, int]  # chunk asked for, else the cost
     round_index: int
+    now_s: float = 0.0
+    ranked: list[int] | None = None  # waiting ids by the base policy's rank, if it has one
+    arrival: dict[int, float] | None = None
+    priority: dict[int, int] | None = None
 
 
 class Spy(PolicyWrapper):
@@ -87,6 +99,12 @@ class Spy(PolicyWrapper):
         self.calls: list[Call] = []
 
     def admit(self, waiting, budget, ctx):  # type: ignore[no-untyped-def]
+        base = self.inner
+        while isinstance(base, PolicyWrapper):
+            base = base.inner
+        ranked = None
+        if hasattr(base, "rank"):
+            ranked = [s.seq_id for s in sorted(waiting, key=lambda s: base.rank(s, ctx))]
         answer = self.inner.admit(waiting, budget, ctx)
         pairs = [c if isinstance(c, tuple) else (c, ctx.cost(c)) for c in answer]
         self.calls.append(
@@ -97,6 +115,10 @@ class Spy(PolicyWrapper):
                 selection=[s.seq_id for s, _ in pairs],
                 tokens={s.seq_id: n for s, n in pairs},
                 round_index=ctx.admission_round,
+                now_s=ctx.now_s,
+                ranked=ranked,
+                arrival={s.seq_id: s.request.arrival_time_s for s in waiting},
+                priority={s.seq_id: s.request.priority for s in waiting},
             )
         )
         return answer
@@ -111,7 +133,18 @@ def workloads(draw) -> list[Request]:  # type: ignore[no-untyped-def]
         t += draw(st.sampled_from([0.0, 0.0, 0.5, 1.0, 3.0]))
         own = draw(st.lists(st.integers(10, 99), min_size=1, max_size=40))
         ids = tuple(shared[: draw(st.integers(0, len(shared)))] + own)
-        reqs.append(Request(f"r{i}", t, len(ids), draw(st.integers(1, 12)), prompt_token_ids=ids))
+        reqs.append(
+            Request(
+                f"r{i}",
+                t,
+                len(ids),
+                draw(st.integers(1, 12)),
+                prompt_token_ids=ids,
+                tenant=draw(st.sampled_from([None, "a", "b"])),
+                priority=draw(st.integers(0, 2)),
+                deadline_s=draw(st.sampled_from([None, 0.5, 2.0, 8.0])),
+            )
+        )
     return reqs
 
 
@@ -149,7 +182,12 @@ def configs(draw) -> dict:  # type: ignore[no-untyped-def]
             lookahead=draw(st.integers(1, 8)),
             force_fifo_every=draw(st.sampled_from([0, 0, 1, 2, 3])),
             chunk_head=chunked and cls.uses_chunk_head and draw(st.booleans()),
-            extra={"seed": str(draw(st.integers(0, 99)))},
+            extra={
+                "seed": str(draw(st.integers(0, 99))),
+                "length_predictor": draw(st.sampled_from(PREDICTORS)),
+                "drop_late": draw(st.booleans()),
+                "lpm_aging_s": draw(st.sampled_from([0.5, 2.0, 5.0])),
+            },
         ),
     }
 
@@ -276,3 +314,114 @@ def test_the_readme_plugin_declares_no_order_and_is_exercised() -> None:
     cls = REGISTRY.policy("shortest-first")
     assert not cls.preserves_arrival_order and not cls.admits_queue_prefix
     assert "random-phases" in ORDERS and "mixed" in ORDERS
+
+
+def declares(policy: str, guarantee: str) -> bool:
+    return guarantee in REGISTRY.policy(policy).guarantees
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=workloads(), cfg=configs())
+def test_declared_rank_order_priority_and_aging(reqs: list[Request], cfg: dict) -> None:
+    sched, spy = spied(cfg)
+    run(sched, reqs)
+    policy, every = cfg["policy"], cfg["options"].force_fifo_every
+    aging_s = float(cfg["options"].extra["lpm_aging_s"])
+    for call in spy.calls:
+        if every and call.round_index % every == 0:
+            continue  # a force-FIFO round
+        sel, arrival = call.selection, call.arrival or {}
+        left = [s for s in call.waiting if s not in sel]
+        if declares(policy, "ranked-prefix"):
+            assert call.ranked is not None and sel == call.ranked[: len(sel)], "not the best-ranked"
+        if declares(policy, "strict-priority") and sel and left:
+            prio = call.priority or {}
+            assert max(prio[s] for s in sel) <= min(prio[s] for s in left), "priority inverted"
+        if declares(policy, "aging-bound"):
+            for b in left:
+                if call.now_s - arrival[b] >= aging_s:
+                    assert all(arrival[a] <= arrival[b] for a in sel), "aged request passed"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=workloads(), cfg=configs())
+def test_hrrn_is_passed_only_by_shorter_later_arrivals(reqs: list[Request], cfg: dict) -> None:
+    cfg = {**cfg, "policy": "hrrn", "prefill_max_tokens": None, "options": PolicyOptions()}
+    sched, spy = spied(cfg)
+    run(sched, reqs)
+    outputs = {i: r.max_output_tokens for i, r in enumerate(reqs)}  # oracle = true length
+    for call in spy.calls:
+        arrival = call.arrival or {}
+        for b in (s for s in call.waiting if s not in call.selection):
+            for a in call.selection:
+                if arrival[a] > arrival[b]:
+                    assert outputs[a] < outputs[b], f"{a} (later, not shorter) passed {b}"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=workloads(), cfg=configs())
+def test_no_request_is_admitted_twice_per_stay(reqs: list[Request], cfg: dict) -> None:
+    sched, _ = spied(cfg)
+    admissions: dict[int, int] = {}
+    stays: dict[int, int] = {}
+    orig = sched._admit  # count real admissions, whatever the policy answered
+
+    def counting(seq, *args):  # type: ignore[no-untyped-def]
+        item = orig(seq, *args)
+        if item is not None:
+            admissions[seq.seq_id] = admissions.get(seq.seq_id, 0) + 1
+        return item
+
+    sched._admit = counting  # type: ignore[method-assign]
+    run(sched, reqs)
+    for seq in sched.pop_ended():
+        stays[seq.seq_id] = len(seq.stays)
+        assert (
+            admissions.get(seq.seq_id, 0)
+            == len(seq.stays)
+            == (seq.num_preemptions + 1 if seq.stays else 0)
+        ), f"{seq}: {admissions.get(seq.seq_id)} admissions, {seq.num_preemptions} preemptions"
+    assert len(stays) == len(reqs), "a request was lost"
+
+
+@st.composite
+def backlogged_tenants(draw) -> list[Request]:  # type: ignore[no-untyped-def]
+    reqs = []
+    for i in range(draw(st.integers(8, 40))):
+        tenant = draw(st.sampled_from(["a", "b"]))
+        reqs.append(
+            Request(f"r{i}", 0.0, draw(st.integers(1, 24)), draw(st.integers(1, 12)), tenant=tenant)
+        )
+    return reqs
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=backlogged_tenants(), cfg=configs())
+def test_vtc_service_difference_bound(reqs: list[Request], cfg: dict) -> None:
+    """Sheng et al. (OSDI 2024), Theorem 4.3: while two tenants are both backlogged,
+    their weighted service differs by at most 2 * (w_p * L_in + w_q * M)."""
+    cfg = {**cfg, "policy": "vtc", "prefill_max_tokens": None, "options": PolicyOptions()}
+    sched = make_scheduler(REGISTRY, **cfg)
+    w_p, w_q = 1.0, 2.0
+    bound = 2 * (
+        w_p * max(r.num_prompt_tokens for r in reqs)
+        + w_q * cfg["num_kv_blocks"] * cfg["block_size"]
+    )
+    for r in reqs:
+        sched.add_request(r, 0.0)
+    service = {"a": 0.0, "b": 0.0}
+    now = 0.0
+    for _ in range(5000):
+        out = sched.schedule(now)
+        if out.is_empty:
+            break
+        now += 1.0
+        sched.update(out, now)
+        for item in out.scheduled:
+            service[item.seq.request.tenant] += (
+                w_q if item.is_decode else w_p
+            ) * item.num_new_tokens
+        waiting = {s.request.tenant for s in sched.waiting}
+        if waiting == {"a", "b"}:
+            assert abs(service["a"] - service["b"]) <= bound, (service, bound)
+    assert not sched.has_unfinished()

@@ -141,7 +141,7 @@ def test_unknown_policy_lists_known_ones_before_loading_the_model(monkeypatch, c
     monkeypatch.setattr(cli, "build_model", no_model)
     code, _, err = rose_run(monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "lifo")
     assert code == 2
-    assert "unknown policy 'lifo'" in one_error_line(err) and "budget, fifo, pack" in err
+    assert "unknown policy 'lifo'" in one_error_line(err) and "budget, edf, fifo" in err
     code, _, err = rose_run(
         monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "fifo", "--prefill-max-tokens", "9"
     )
@@ -191,3 +191,36 @@ def test_cuda_run_on_tiny_llama(monkeypatch, capsys, tmp_path):
     assert result["num_kv_blocks"] <= 256 * 512 // 16  # capped, not 90% of the GPU
     records = pd.read_csv(records_path)
     assert [len(json.loads(o)) for o in records["output_token_ids"]] == [8] * 8
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ["--policy", "vtc"],
+        ["--policy", "priority", "--max-num-seqs", "2"],
+        ["--policy", "srpt", "--length-predictor", "noisy-oracle", "--max-num-seqs", "2"],
+        ["--policy", "sjf", "--length-predictor", "bucket"],
+        ["--policy", "edf", "--drop-late"],
+        ["--policy", "lpm", "--loop-order", "mixed", "--enable-chunked-prefill",
+         "--max-num-batched-tokens", "64", "--max-num-seqs", "8"],
+        ["--policy", "hrrn", "--force-fifo-every", "2"],
+    ],
+)  # fmt: skip
+def test_policy_families_run_on_the_executor(monkeypatch, capsys, tmp_path, policy):
+    trace = tmp_path / "t.csv"
+    rows = [
+        f"{i * 0.01},{8 + 3 * i},{2 + i % 3},{'ab'[i % 2]},{i % 2},{0.001 if i == 3 else 5}"
+        for i in range(6)
+    ]
+    trace.write_text(
+        "arrival_s,prompt_tokens,output_tokens,tenant,priority,deadline_s\n" + "\n".join(rows)
+    )
+    records = tmp_path / "r.csv"
+    code, _, err = rose_run(
+        monkeypatch, capsys, "--model", "tiny-llama", "--device", "cpu", "--trace", str(trace),
+        "--no-progress", "--quiet", "--save-records", str(records), *policy,
+    )  # fmt: skip
+    assert code == 0, err
+    df = pd.read_csv(records)
+    assert len(df) == 6 and set(df.tenant) == {"a", "b"} and set(df.priority) == {0, 1}
+    assert (df.status == "finished").sum() >= 5  # edf --drop-late may drop the 1 ms deadline

@@ -126,7 +126,7 @@ def bad_trace(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, fifo, pack"),
+        (["--policy", "nope"], "unknown policy 'nope' for --policy; known: budget, edf, fifo"),
         (
             ["--loop-order", "sideways"],
             "known: decode-first, mixed, prefill-first, prefill-priority",
@@ -136,8 +136,8 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--workload", "seed-031", "--trace", "x.csv"], "either --trace or --workload"),
         (["--prompt-repeats", "1,64"], "--workload synthetic"),
         (["--num-kv-blocks", "10", "--kv-cache-memory-gb", "1"], "not both"),
-        (["--request-rate", "0"], "--request-rate must be > 0"),
-        (["--max-num-seqs", "0"], "max_num_seqs must be > 0"),
+        (["--request-rate", "0"], "--request-rate: must be a number > 0 (or inf), got '0'"),
+        (["--max-num-seqs", "0"], "--max-num-seqs: must be an integer in [1, 2147483647]"),
         (["--trace", "missing.csv"], "missing.csv"),
         (["--model", "gpt5"], "gpt5"),
         (["--device", "tpu"], "tpu"),
@@ -146,7 +146,7 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
         (["--max-num-batched-tokens", "512"], "add --enable-chunked-prefill"),
         (["--long-prefill-token-threshold", "16"], "only applies with --enable-chunked-prefill"),
-        (["--policy", "fifo", "--chunk-head"], "--chunk-head is read only by: budget, pack"),
+        (["--policy", "fifo", "--chunk-head"], "--chunk-head is read only by: budget, edf, hrrn"),
         (["--enable-chunked-prefill"], "needs a per-step limit"),
         (
             ["--scheduler-preset", "vllm-v1", "--max-num-batched-tokens", "64"],

@@ -80,3 +80,29 @@ def test_a_policy_that_never_admits_is_reported_not_hung(registry) -> None:
     config = SchedulerConfig(num_kv_blocks=100, policy="never")
     with pytest.raises(PolicyError, match="never"):
         simulate(mixed_requests(3), config, ToyCostModel(), registry=reg)
+
+
+def test_records_without_token_times_summarize_like_records_with_them(monkeypatch) -> None:
+    """A long run keeps an ITL histogram and releases old steps: same figures."""
+    from roseinfer.metrics import summarize
+    from roseinfer.scheduler import Scheduler
+
+    release = Scheduler.release_steps
+    monkeypatch.setattr(Scheduler, "release_steps", lambda self: release(self, min_held=64))
+    reqs = mixed_requests(400)
+    config = SchedulerConfig(
+        num_kv_blocks=400, block_size=16, max_num_seqs=16, max_model_len=1024, policy="fifo"
+    )
+    cost = make_cost_model("llama-3.1-8b", "h100-sxm")
+    full = simulate(reqs, config, cost)
+    lean = simulate(reqs, config, cost, keep_token_times=False)
+    assert lean.scheduler.step_log.first_kept_step > 0  # old steps were let go
+    assert lean.records.token_times_s.isna().all() and lean.itl is not None
+    with pytest.raises(ValueError, match="no token times"):
+        summarize(lean.records)
+    a = summarize(full.records, duration_s=full.duration_s)
+    b = summarize(lean.records, duration_s=lean.duration_s, itl=lean.itl)
+    assert a.keys() == b.keys()
+    for key in a:
+        tol = 2e-4 if "itl" in key else 1e-12
+        assert b[key] == pytest.approx(a[key], rel=tol, nan_ok=True), key

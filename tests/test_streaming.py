@@ -29,10 +29,14 @@ from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import (  # noqa: E402
     EngineClosedError,
+    QueueFullError,
+    RequestFailedError,
     RequestRejectedError,
+    StreamBusyError,
     StreamingEngine,
     StreamOutput,
 )
+from roseinfer.executor.validation import InvalidRequestError  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 
 torch.set_num_threads(1)
@@ -390,7 +394,7 @@ def test_bad_requests_are_refused_clearly(harness):
         h.se.add_request("text without a tokenizer")
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         h.se.add_request([1, 1000], max_tokens=2)
-    with pytest.raises(ValueError, match="output length must be > 0"):
+    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
         h.se.add_request([1, 2], max_tokens=0)
     rid = h.se.add_request([1, 2, 3], max_tokens=200)  # 203 tokens > max_model_len 128
     with pytest.raises(RequestRejectedError, match="max_model_len 128"):
@@ -407,4 +411,140 @@ def test_bad_requests_are_refused_clearly(harness):
     generated = {h.se.add_request([4], max_tokens=1) for _ in range(25)}
     assert len(generated) == 25 and not generated & mine  # generated ids skip taken ones
     assert len(h.se.generate([9], max_tokens=2, sampling=GREEDY)) == 2  # the worker lives on
+    h.assert_clean()
+
+
+# ------------------------------------------------- validation at add_request
+
+BAD_FIELDS = [
+    ("temperature", {"sampling": SamplingParams(temperature=float("nan"))}),
+    ("temperature", {"sampling": SamplingParams(temperature=float("inf"))}),
+    ("seed", {"sampling": SamplingParams(temperature=1.0, seed=2**70)}),
+    ("seed", {"sampling": SamplingParams(temperature=1.0, seed=-(2**64))}),
+    ("seed", {"sampling": SamplingParams(temperature=1.0, seed=1.5)}),
+    ("top_k", {"sampling": SamplingParams(temperature=1.0, top_k=2.5)}),
+    ("ignore_eos", {"sampling": SamplingParams(ignore_eos="yes")}),
+    ("stop_token_ids", {"sampling": SamplingParams(stop_token_ids=(1.5,))}),
+    ("max_tokens", {"max_tokens": 2.5}),
+    ("max_tokens", {"max_tokens": True}),
+    ("max_tokens", {"max_tokens": "3"}),
+    ("max_tokens", {"max_tokens": 0}),
+    ("prompt", {"prompt": [1.0, 2]}),
+    ("prompt", {"prompt": [True, 2]}),
+    ("prompt", {"prompt": [1, -1]}),
+    ("prompt", {"prompt": []}),
+    ("prompt", {"prompt": b"ab"}),
+    ("request_id", {"request_id": 5}),
+    ("request_id", {"request_id": ""}),
+]
+
+
+@pytest.mark.parametrize(("field", "kwargs"), BAD_FIELDS, ids=[f for f, _ in BAD_FIELDS])
+def test_add_request_refuses_each_bad_field_by_name(harness, field, kwargs):
+    """Values sampling cannot take, and Python's silent conversions (2.5 -> 3
+    tokens, True -> 1, float ids truncated), are refused at add_request with the
+    field named; nothing is queued and the engine keeps serving."""
+    h = harness()
+    prompt = kwargs.pop("prompt", [1, 2, 3])
+    with pytest.raises(InvalidRequestError, match=f"^{field} ") as info:
+        h.se.add_request(prompt, **{"max_tokens": 2, **kwargs})
+    assert info.value.field == field
+    assert h.engine.scheduler.num_submitted == 0
+    assert len(h.se.generate([1, 2, 3], max_tokens=2, sampling=GREEDY)) == 2
+    h.assert_clean()
+
+
+def test_engine_api_refuses_requests_built_around_the_checks(model):
+    """Engine.add_request / run check a Request whose constructor let a bad value by."""
+    engine = make_engine(model)
+    for field, request in [
+        ("max_tokens", Request("a", 0.0, 2, 2.5, (1, 2))),
+        ("max_tokens", Request("b", 0.0, 2, True, (1, 2))),
+        ("prompt", Request("c", 0.0, 2, 2, (1.0, 2))),
+        ("request_id", Request(7, 0.0, 2, 2, (1, 2))),  # type: ignore[arg-type]
+        ("temperature", Request("d", 0.0, 2, 2, (1, 2), sampling=SamplingParams(float("nan")))),
+    ]:
+        with pytest.raises(InvalidRequestError) as info:
+            engine.add_request(request)
+        assert info.value.field == field
+        with pytest.raises(InvalidRequestError):
+            make_engine(model).run([request])
+    assert engine.scheduler.num_submitted == 0
+
+
+def test_top_k_minus_one_disables_top_k_as_in_vllm(harness):
+    h = harness()
+    a = h.se.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(1.0, top_k=-1, seed=4))
+    b = h.se.generate([1, 2, 3], max_tokens=6, sampling=SamplingParams(1.0, top_k=0, seed=4))
+    assert [o.token_id for o in a] == [o.token_id for o in b]
+    h.assert_clean()
+
+
+def test_a_sampling_failure_ends_that_request_only(harness, model):
+    """A NaN temperature slipped in after the check (the state the review's
+    ``temperature=nan`` reached): sampling raises for that row; its stream ends
+    with RequestFailedError, its blocks are freed, the other request's tokens are
+    exact, and the engine accepts new requests."""
+    h = harness(gate=True)
+    good, bad = prompts_of(6, 7)
+    victim = SamplingParams(temperature=1.0, seed=1)
+    rid_good = h.se.add_request(good, max_tokens=8, sampling=GREEDY)
+    rid_bad = h.se.add_request(bad, max_tokens=8, sampling=victim)
+    object.__setattr__(victim, "temperature", float("nan"))
+    h.gate.open()
+    with pytest.raises(RequestFailedError, match="sampling failed") as info:
+        h.tokens(rid_bad)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert [o.token_id for o in h.tokens(rid_good)] == offline(model, [good], 8)[0]
+    assert len(h.se.generate(good, max_tokens=3, sampling=GREEDY)) == 3
+    rec = h.record(rid_bad)
+    assert rec.status == "rejected" and rec.reject_reason.startswith("sampling failed")
+    h.assert_clean()
+
+
+def test_a_second_reader_is_refused_and_a_closed_reader_hands_over(harness, model):
+    h = harness(gate=True)
+    prompt = prompts_of(5)[0]
+    rid = h.se.add_request(prompt, max_tokens=10, sampling=GREEDY)
+    first = h.se.stream(rid, timeout_s=TIMEOUT_S)
+    with pytest.raises(StreamBusyError, match="has a reader"):
+        h.se.stream(rid)
+    h.gate.open()
+    got = [next(first).token_id for _ in range(4)]
+    first.close()  # the first reader leaves early: no token is lost to anyone
+    got += [o.token_id for o in h.se.stream(rid, timeout_s=TIMEOUT_S)]
+    assert got == offline(model, [prompt], 10)[0]
+    h.assert_clean()
+
+
+def test_max_waiting_refuses_when_full_then_accepts_again(harness):
+    h = harness(gate=True, max_num_seqs=1)
+    h.se.max_waiting = 2
+    rids = [h.se.add_request([1, 2], max_tokens=2, sampling=GREEDY)]
+    assert h.gate.entered.wait(TIMEOUT_S)  # the first runs (stuck at the gate)
+    rids += [h.se.add_request([3, 4], max_tokens=2, sampling=GREEDY) for _ in range(2)]
+    assert h.se.num_waiting() == 2
+    with pytest.raises(QueueFullError, match="max_waiting"):
+        h.se.add_request([5, 6], max_tokens=2, sampling=GREEDY)
+    h.gate.open()
+    assert [len(h.tokens(r)) for r in rids] == [2, 2, 2]
+    assert len(h.se.generate([5, 6], max_tokens=2, sampling=GREEDY)) == 2
+    h.assert_clean()
+
+
+def test_astream_reads_concurrent_streams_without_threads(harness, model):
+    import asyncio
+
+    h = harness()
+    prompts = prompts_of(4, 9, 6)
+
+    async def read_all() -> list[list[int]]:
+        rids = [h.se.add_request(p, max_tokens=7, sampling=GREEDY) for p in prompts]
+
+        async def one(rid: str) -> list[int]:
+            return [o.token_id async for o in h.se.astream(rid)]
+
+        return await asyncio.wait_for(asyncio.gather(*map(one, rids)), TIMEOUT_S)
+
+    assert asyncio.run(read_all()) == offline(model, prompts, 7)
     h.assert_clean()

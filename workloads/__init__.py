@@ -4,12 +4,14 @@
   CSV/JSONL loaders with ``file:line`` errors, and the embedded default trace.
 - :mod:`~roseinfer.workloads.arrivals`: slicing and vLLM-bench arrival re-drawing.
 - :mod:`~roseinfer.workloads.synthetic`: the seed posts' synthetic request mixes.
+- :mod:`~roseinfer.workloads.groups`: Poisson groups with tenant, priority and deadline.
 
 Every function returns ``list[Request]`` sorted by arrival, the first at 0 s.
 """
 
 from roseinfer.workloads.arrivals import rescale_arrivals, select, time_scale
 from roseinfer.workloads.errors import WorkloadError
+from roseinfer.workloads.groups import GroupSpec, groups, two_tenant
 from roseinfer.workloads.synthetic import (
     GPT2_VOCAB_SIZE,
     SEED_WORKLOADS,
@@ -30,6 +32,7 @@ from roseinfer.workloads.traces import (
 __all__ = [
     "DEFAULT_TRACE_NAME",
     "GPT2_VOCAB_SIZE",
+    "GroupSpec",
     "KNOWN_FORMATS",
     "SEED_WORKLOADS",
     "SeedWorkload",
@@ -37,6 +40,7 @@ __all__ = [
     "WorkloadError",
     "detect_format",
     "generate",
+    "groups",
     "load_default_trace",
     "load_trace",
     "rescale_arrivals",
@@ -44,4 +48,5 @@ __all__ = [
     "select",
     "synthetic",
     "time_scale",
+    "two_tenant",
 ]

@@ -10,7 +10,8 @@ request at 0.0 s. Three trace formats are read (see ``../shared/traces/README.md
   ``output_length``, ``hash_ids`` (one id per 512-token prompt block).
   Source: kvcache-ai/Mooncake ``FAST25-release/traces``.
 - ``plain``: CSV or JSONL with ``arrival_s, prompt_tokens, output_tokens`` and
-  optional ``tenant``, ``request_id``.
+  optional ``tenant``, ``request_id``, ``priority`` (int, lower is more urgent)
+  and ``deadline_s`` (first-token deadline, s after arrival; empty: none).
 
 Bad input raises :class:`WorkloadError` whose message names ``file:line``, the
 field, and what was expected. Nothing is read or computed at import time.
@@ -18,8 +19,11 @@ field, and what was expected. Nothing is read or computed at import time.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
@@ -41,6 +45,14 @@ MOONCAKE_BLOCK_TOKENS = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+MAX_TRACE_TOKENS = 2**31 - 1
+"""Largest prompt or output length a trace may give: no model's context comes near
+2^31 tokens, and every count then fits numpy's int64 (a row of 1e30 would overflow)."""
+MAX_TRACE_SPAN_S = 1e9
+"""Largest spread of arrival times (about 31 years): past it a float clock loses the
+sub-microsecond resolution step times need (rows of +-1e308 would give inf)."""
+MAX_ECHO_CHARS = 200
+"""Longest piece of a bad file an error message quotes (a 150 MB line must not reach stderr)."""
 
 
 # ------------------------------------------------------------------ loading
@@ -65,14 +77,15 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
     if fmt not in KNOWN_FORMATS:
         raise WorkloadError(f"unknown trace format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
     _check_file(path)
-    is_jsonl, first = _first_line(path)
-    if fmt == "auto":
-        fmt = _detect(path, is_jsonl, first)
-    if fmt == "azure":
-        return _load_azure(path)
-    if fmt == "mooncake":
-        return _load_mooncake(path)
-    return _load_plain_jsonl(path) if is_jsonl else _load_plain_csv(path)
+    with _os_errors(path):
+        is_jsonl, first = _first_line(path)
+        if fmt == "auto":
+            fmt = _detect(path, is_jsonl, first)
+        if fmt == "azure":
+            return _load_azure(path)
+        if fmt == "mooncake":
+            return _load_mooncake(path)
+        return _load_plain_jsonl(path) if is_jsonl else _load_plain_csv(path)
 
 
 def detect_format(path: str | Path) -> str:
@@ -83,7 +96,8 @@ def detect_format(path: str | Path) -> str:
     """
     path = Path(path)
     _check_file(path)
-    return _detect(path, *_first_line(path))
+    with _os_errors(path):
+        return _detect(path, *_first_line(path))
 
 
 def load_default_trace() -> list[Request]:
@@ -101,6 +115,18 @@ def _check_file(path: Path) -> None:
         raise WorkloadError(f"{path}: no such file; check the trace path")
     if not path.is_file():
         raise WorkloadError(f"{path}: not a file; give a trace file (.csv or .jsonl)")
+
+
+@contextmanager
+def _os_errors(path: Path) -> Iterator[None]:
+    """Turn an ``OSError`` while reading (no permission, I/O error) into a WorkloadError."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise WorkloadError(
+            f"{path}: cannot read the trace ({reason}); check its permissions"
+        ) from None
 
 
 def _first_line(path: Path) -> tuple[bool, str]:
@@ -122,6 +148,13 @@ def _open_text(path: Path) -> Iterator[Iterator[str]]:
             raise WorkloadError(f"{path}: not UTF-8 text; give a CSV or JSONL trace") from None
 
 
+def clip(text: str, max_chars: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``max_chars`` characters (with a count of what was cut)."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... ({len(text) - max_chars} more chars)"
+
+
 def _detect(path: Path, is_jsonl: bool, first: str) -> str:
     if is_jsonl:
         keys = set(_parse_json(path, 1, first))
@@ -129,7 +162,7 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
             return "mooncake"
         if set(PLAIN_COLUMNS) <= keys:
             return "plain"
-        found = ", ".join(sorted(keys))
+        found = ", ".join(sorted(map(str, keys)))
     else:
         header = {c.strip() for c in first.split(",")}
         if set(AZURE_COLUMNS) <= header:
@@ -138,7 +171,7 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
             return "plain"
         found = first
     raise WorkloadError(
-        f"{path}:1: unrecognised trace format (found {found!r}); expected an Azure header "
+        f"{path}:1: unrecognised trace format (found {clip(found)!r}); expected an Azure header "
         f"{','.join(AZURE_COLUMNS)}, Mooncake keys {', '.join(MOONCAKE_KEYS)}, or plain "
         f"{', '.join(PLAIN_COLUMNS)}; or pass fmt= one of {', '.join(KNOWN_FORMATS[1:])}"
     )
@@ -146,25 +179,47 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
 
 # ---------------------------------------------------------------- CSV input
 def _read_csv(path: Path, columns: Sequence[str], fmt: str) -> pd.DataFrame:
-    """All cells as strings, blank lines dropped; row index i is file line i + 2."""
+    """All cells as strings, blank lines dropped; row index i is file line i + 2.
+
+    NOTE: read with ``header=None`` so the header fixes the field count: a row
+    with more fields is a parse error naming its line, where pandas would
+    otherwise turn the extra leading cells of the first row into an index.
+    """
     try:
         df = pd.read_csv(
-            path, dtype=str, keep_default_na=False, skip_blank_lines=False, encoding="utf-8-sig"
+            path,
+            header=None,
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=False,
+            encoding="utf-8-sig",
         )
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        detail = str(err).strip().removeprefix("Error tokenizing data. C error: ")
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, csv.Error) as err:
+        detail = clip(str(err).strip().removeprefix("Error tokenizing data. C error: "))
         raise WorkloadError(f"{path}: not a valid CSV ({detail}); fix that row") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in columns if c not in df.columns]
+    df = df.fillna("")  # NOTE: a row with fewer fields than the header is padded with NaN
+    header = [str(c).strip() for c in df.iloc[0]]
+    df = df.iloc[1:].set_axis(header, axis=1).set_axis(range(len(df) - 1), axis=0)
+    _check_header(path, header, columns, fmt)
+    df = df[(df != "").any(axis=1)]  # NOTE: blank lines (all cells empty) are skipped
+    if df.empty:
+        raise WorkloadError(f"{path}: no rows after the header; the trace is empty")
+    return df
+
+
+def _check_header(path: Path, header: list[str], columns: Sequence[str], fmt: str) -> None:
+    missing = [c for c in columns if c not in header]
     if missing:
         raise WorkloadError(
             f"{path}:1: missing column(s) {', '.join(missing)} for the {fmt} format; "
             f"the header must contain {','.join(columns)}"
         )
-    df = df[(df != "").any(axis=1)]  # NOTE: blank lines (all cells empty) are skipped
-    if df.empty:
-        raise WorkloadError(f"{path}: no rows after the header; the trace is empty")
-    return df
+    twice = sorted(c for c, n in Counter(header).items() if c and n > 1)
+    if twice:
+        raise WorkloadError(
+            f"{path}:1: column(s) {clip(', '.join(twice))} appear more than once in the header; "
+            "keep one of each"
+        )
 
 
 def _bad_row(
@@ -177,25 +232,51 @@ def _bad_row(
     row = int(np.argmax(mask))
     line = int(df.index[row]) + 2
     raw = df[column].iloc[row]
-    got = "an empty value" if raw == "" else repr(raw)
+    got = "an empty value" if raw == "" else repr(clip(raw))
     raise WorkloadError(f"{path}:{line}: {column} must be {what}, got {got}")
 
 
 def _positive_ints(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
-    values = pd.to_numeric(df[column].str.strip(), errors="coerce")
-    bad = ~(values > 0) | (values % 1 != 0)
-    _bad_row(path, df, column, bad, "a positive integer")
+    # NOTE: parsed as floats, so 1e30 or 20 digits cannot overflow int64 before the check.
+    values = pd.to_numeric(df[column].str.strip(), errors="coerce").astype(float)
+    _bad_row(path, df, column, ~(values > 0) | (values % 1 != 0), "a positive integer")
+    _bad_row(path, df, column, values > MAX_TRACE_TOKENS, f"at most {MAX_TRACE_TOKENS} tokens")
     return values.to_numpy(dtype=np.int64)
 
 
 def _finite_floats(path: Path, df: pd.DataFrame, column: str) -> np.ndarray:
     values = pd.to_numeric(df[column].str.strip(), errors="coerce").astype(float)
     _bad_row(path, df, column, ~np.isfinite(values), "a number of seconds")
-    return values.to_numpy(dtype=float)
+    values = values.to_numpy(dtype=float)
+    _bad_row(path, df, column, _beyond_span(values), f"within {MAX_TRACE_SPAN_S:g} s of the others")
+    return values
+
+
+def _beyond_span(arrival_s: np.ndarray) -> np.ndarray:
+    """True for the rows farthest from the earliest arrival when the arrivals
+    span more than ``MAX_TRACE_SPAN_S`` (all False otherwise)."""
+    if not len(arrival_s):
+        return np.zeros(0, dtype=bool)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rel_s = arrival_s - arrival_s.min()
+    return ~(rel_s <= MAX_TRACE_SPAN_S)
 
 
 def _row_ids(path: Path, df: pd.DataFrame) -> list[str]:
     return [f"{path.stem}-{i}" for i in df.index]
+
+
+def _check_unique_ids(path: Path, ids: Sequence[str], lines: Sequence[int]) -> None:
+    """Raise for the first id already taken (a given id may equal another row's
+    automatic ``{stem}-{row}`` id), naming both file lines."""
+    first_line: dict[str, int] = {}
+    for rid, line in zip(ids, lines):
+        if rid in first_line:
+            raise WorkloadError(
+                f"{path}:{line}: request_id {clip(rid)!r} is already used at line "
+                f"{first_line[rid]} (automatic ids are '{path.stem}-<row>'); give unique ids"
+            )
+        first_line[rid] = line
 
 
 def _load_azure(path: Path) -> list[Request]:
@@ -219,12 +300,31 @@ def _load_plain_csv(path: Path) -> list[Request]:
     ids = _row_ids(path, df)
     if "request_id" in df.columns:
         given = df["request_id"].str.strip()
-        _bad_row(path, df, "request_id", given.duplicated(), "unique")
-        ids = [g or i for g, i in zip(given, ids)]
+        _bad_row(path, df, "request_id", (given != "") & given.duplicated(), "unique")
+        ids = [g or i for g, i in zip(given, ids)]  # NOTE: a blank cell: the automatic id
+        lines = [int(i) + 2 for i in df.index]
+        _check_unique_ids(path, ids, lines)
     tenants = None
     if "tenant" in df.columns:
         tenants = [t.strip() or None for t in df["tenant"]]
-    return _build(ids, arrival_s, prompt, output, tenants=tenants)
+    return _build(ids, arrival_s, prompt, output, tenants=tenants, **_classes_csv(path, df))
+
+
+def _classes_csv(path: Path, df: pd.DataFrame) -> dict[str, Any]:
+    """The optional ``priority`` and ``deadline_s`` columns (an empty deadline: none)."""
+    out: dict[str, Any] = {}
+    if "priority" in df.columns:
+        values = pd.to_numeric(df["priority"].str.strip(), errors="coerce")
+        bad = ~np.isfinite(values) | (values % 1 != 0) | (values.abs() > _MAX_PRIORITY)
+        _bad_row(path, df, "priority", bad, f"an integer of at most {_MAX_PRIORITY} in magnitude")
+        out["priorities"] = values.to_numpy(dtype=np.int64)
+    if "deadline_s" in df.columns:
+        text = df["deadline_s"].str.strip()
+        values = pd.to_numeric(text, errors="coerce")
+        bad = (text != "") & ~((values > 0) & (values < np.inf))
+        _bad_row(path, df, "deadline_s", bad, "a positive number of seconds or empty")
+        out["deadlines"] = [None if t == "" else float(v) for t, v in zip(text, values)]
+    return out
 
 
 # -------------------------------------------------------------- JSONL input
@@ -234,6 +334,11 @@ def _parse_json(path: Path, line_no: int, text: str) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise WorkloadError(
             f"{path}:{line_no}: not valid JSON ({err.msg}); a JSONL trace has one object per line"
+        ) from None
+    except (ValueError, RecursionError) as err:  # e.g. a 5,000-digit integer, deep nesting
+        raise WorkloadError(
+            f"{path}:{line_no}: unreadable JSON ({clip(str(err) or type(err).__name__)}); "
+            "a JSONL trace has one flat object per line"
         ) from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{path}:{line_no}: expected a JSON object per line, got {text[:40]!r}")
@@ -254,11 +359,22 @@ def _field(path: Path, line_no: int, row: dict[str, Any], key: str, check: str) 
         raise WorkloadError(f"{path}:{line_no}: missing key {key!r}; every line needs it")
     value = row[key]
     is_num = isinstance(value, int | float) and not isinstance(value, bool)
-    if check == "positive" and not (is_num and value > 0 and float(value).is_integer()):
-        raise WorkloadError(f"{path}:{line_no}: {key} must be a positive integer, got {value!r}")
-    if check == "number" and not (is_num and math.isfinite(value)):
-        raise WorkloadError(f"{path}:{line_no}: {key} must be a finite number, got {value!r}")
+    # NOTE: compare before any float(): float(10**400) raises OverflowError.
+    if check == "positive" and not (
+        is_num and 0 < value <= MAX_TRACE_TOKENS and value == int(value)
+    ):
+        cap = f" (at most {MAX_TRACE_TOKENS})" if is_num and value > MAX_TRACE_TOKENS else ""
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be a positive integer{cap}, got {clip(repr(value))}"
+        )
+    if check == "number" and not (is_num and -_MAX_JSON_NUMBER <= value <= _MAX_JSON_NUMBER):
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be a finite number, got {clip(repr(value))}"
+        )
     return value
+
+
+_MAX_JSON_NUMBER = sys.float_info.max  # NaN fails both comparisons; larger ints overflow float()
 
 
 def _hash_ids(path: Path, line_no: int, row: dict[str, Any], num_tokens: int) -> tuple[int, ...]:
@@ -266,7 +382,9 @@ def _hash_ids(path: Path, line_no: int, row: dict[str, Any], num_tokens: int) ->
     if not isinstance(ids, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in ids
     ):
-        raise WorkloadError(f"{path}:{line_no}: hash_ids must be a list of integers, got {ids!r}")
+        raise WorkloadError(
+            f"{path}:{line_no}: hash_ids must be a list of integers, got {clip(repr(ids))}"
+        )
     expected = -(-num_tokens // MOONCAKE_BLOCK_TOKENS)
     if len(ids) != expected:
         raise WorkloadError(
@@ -277,33 +395,98 @@ def _hash_ids(path: Path, line_no: int, row: dict[str, Any], num_tokens: int) ->
 
 
 def _load_mooncake(path: Path) -> list[Request]:
-    ids, times, prompt, output, hashes = [], [], [], [], []
+    ids, lines, times, prompt, output, hashes = [], [], [], [], [], []
     for n, (line_no, row) in enumerate(_json_rows(path)):
         ids.append(f"{path.stem}-{n}")
+        lines.append(line_no)
         times.append(_field(path, line_no, row, "timestamp", "number") / 1000.0)
         prompt.append(int(_field(path, line_no, row, "input_length", "positive")))
         output.append(int(_field(path, line_no, row, "output_length", "positive")))
         hashes.append(_hash_ids(path, line_no, row, prompt[-1]))
     if not ids:
         raise WorkloadError(f"{path}: no rows; the trace is empty")
-    return _build(ids, np.array(times), np.array(prompt), np.array(output), hash_ids=hashes)
+    arrival_s = _json_arrivals(path, lines, times, "timestamp")
+    return _build(ids, arrival_s, np.array(prompt), np.array(output), hash_ids=hashes)
 
 
 def _load_plain_jsonl(path: Path) -> list[Request]:
     ids: list[str] = []
-    times, prompt, output, tenants = [], [], [], []
+    lines, times, prompt, output, tenants = [], [], [], [], []
+    priorities: list[int] = []
+    deadlines: list[float | None] = []
     for n, (line_no, row) in enumerate(_json_rows(path)):
-        rid = str(row.get("request_id", f"{path.stem}-{n}"))
-        if rid in ids:
-            raise WorkloadError(f"{path}:{line_no}: request_id must be unique, got {rid!r}")
-        ids.append(rid)
+        ids.append(_json_request_id(path, line_no, row) or f"{path.stem}-{n}")
+        lines.append(line_no)
         times.append(float(_field(path, line_no, row, "arrival_s", "number")))
         prompt.append(int(_field(path, line_no, row, "prompt_tokens", "positive")))
         output.append(int(_field(path, line_no, row, "output_tokens", "positive")))
         tenants.append(None if row.get("tenant") is None else str(row["tenant"]))
+        priorities.append(_optional(path, line_no, row, "priority", int))
+        deadlines.append(_optional(path, line_no, row, "deadline_s", float))
     if not ids:
         raise WorkloadError(f"{path}: no rows; the trace is empty")
-    return _build(ids, np.array(times), np.array(prompt), np.array(output), tenants=tenants)
+    _check_unique_ids(path, ids, lines)
+    arrival_s = _json_arrivals(path, lines, times, "arrival_s")
+    return _build(
+        ids,
+        arrival_s,
+        np.array(prompt),
+        np.array(output),
+        tenants=tenants,
+        priorities=np.array(priorities, dtype=np.int64),
+        deadlines=deadlines,
+    )
+
+
+def _json_request_id(path: Path, line_no: int, row: dict[str, Any]) -> str:
+    """The row's ``request_id`` as a string; "" (use the automatic id) when absent,
+    null or blank."""
+    rid = row.get("request_id")
+    if rid is None:
+        return ""
+    if isinstance(rid, bool) or not isinstance(rid, str | int):
+        raise WorkloadError(
+            f"{path}:{line_no}: request_id must be a string or an integer, got {clip(repr(rid))}"
+        )
+    return str(rid).strip()
+
+
+def _json_arrivals(path: Path, lines: list[int], times: list[float], key: str) -> np.ndarray:
+    """Arrival times as an array; a spread past ``MAX_TRACE_SPAN_S`` names its line."""
+    arrival_s = np.array(times, dtype=float)
+    beyond = _beyond_span(arrival_s)
+    if beyond.any():
+        row = int(np.argmax(beyond))
+        raise WorkloadError(
+            f"{path}:{lines[row]}: {key} must be within {MAX_TRACE_SPAN_S:g} s of the other "
+            f"arrivals, got {clip(repr(times[row]))} s"
+        )
+    return arrival_s
+
+
+_MAX_PRIORITY = 2**31 - 1
+
+
+def _optional(path: Path, line_no: int, row: dict[str, Any], key: str, kind: type) -> Any:
+    """``priority`` (an integer, |p| <= 2**31-1, default 0) or ``deadline_s``
+    (> 0 s, finite, default None)."""
+    value = row.get(key)
+    if value is None:
+        return 0 if kind is int else None
+    is_num = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is int and not (
+        is_num and math.isfinite(value) and float(value).is_integer()
+        and abs(value) <= _MAX_PRIORITY
+    ):  # fmt: skip
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be an integer of at most {_MAX_PRIORITY} in magnitude, "
+            f"got {clip(repr(value))}"
+        )
+    if kind is float and not (is_num and 0 < value < math.inf):
+        raise WorkloadError(
+            f"{path}:{line_no}: {key} must be a positive number of seconds, got {clip(repr(value))}"
+        )
+    return kind(value)
 
 
 def _build(
@@ -314,6 +497,8 @@ def _build(
     *,
     tenants: Sequence[str | None] | None = None,
     hash_ids: Sequence[tuple[int, ...]] | None = None,
+    priorities: np.ndarray | None = None,
+    deadlines: Sequence[float | None] | None = None,
 ) -> list[Request]:
     """Requests in arrival order (stable), times re-based to the earliest."""
     rel_s = arrival_s - arrival_s.min()
@@ -326,6 +511,8 @@ def _build(
             prefix_hash_ids=None if hash_ids is None else hash_ids[i],
             prefix_hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
             tenant=None if tenants is None else tenants[i],
+            priority=0 if priorities is None else int(priorities[i]),
+            deadline_s=None if deadlines is None else deadlines[i],
         )
         for i in np.argsort(rel_s, kind="stable")
     ]

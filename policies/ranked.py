@@ -1,0 +1,82 @@
+"""Shared machinery of the ranked policies: admit the best-ranked waiting
+requests under the budget, and name running requests to preempt for them."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from roseinfer.interface import Budget, Choice, PolicyContext
+from roseinfer.policies.admission import head_choice
+from roseinfer.sequence import Sequence as Seq
+
+RankKey = Callable[[Seq], Any]
+
+
+def admit_ranked(
+    waiting: Sequence[Seq],
+    budget: Budget,
+    ctx: PolicyContext,
+    key: RankKey,
+    *,
+    chunk_head: bool = False,
+) -> list[Choice]:
+    """The best-ranked waiting requests (smallest ``key``) under the budget.
+
+    Takes them in rank order while their summed cost fits ``budget.max_tokens``
+    and stops at the first misfit (so every admission outranks every request
+    left waiting: a strict order). A best-ranked request over the whole budget
+    goes alone, or with ``chunk_head`` a chunk that fills it.
+
+    Args:
+        key: total order, smaller is admitted first (include ``seq_id`` for ties).
+    """
+    ranked = heapq.nsmallest(budget.max_seqs, waiting, key=key)
+    selected: list[Choice] = []
+    num_tokens = 0
+    for seq in ranked:
+        cost = ctx.cost(seq)
+        if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
+            if not selected:
+                selected.append(head_choice(seq, cost, budget, chunk_head))
+            break
+        selected.append(seq)
+        num_tokens += cost
+    return selected
+
+
+def preempt_for(
+    waiting: Sequence[Seq], ctx: PolicyContext, key: RankKey, outranks: Callable[[Seq, Seq], bool]
+) -> list[Seq]:
+    """Running requests to preempt so the best-ranked waiting ones get a seat and blocks.
+
+    Walks the waiting requests in rank order; while one lacks a free seat or
+    KV blocks (its uncached tokens, rounded up to blocks), preempts the
+    worst-ranked running request it ``outranks`` (strictly: a victim never ties
+    its beneficiary), crediting the victim's seat and computed blocks. Stops
+    at the first waiting request that cannot be served that way. The block
+    estimate ignores shared prefix blocks and decode growth: KV preemption
+    (``select_victim``) covers the rest.
+
+    Args:
+        key: the policy's rank (smaller is better).
+        outranks: ``outranks(a, b)`` True when ``a`` may displace ``b``.
+    """
+    if not ctx.running:
+        return []
+    seats, free = ctx.free_seats, ctx.num_free_blocks
+    pool = sorted(ctx.running, key=key, reverse=True)  # worst first
+    victims: list[Seq] = []
+    for cand in heapq.nsmallest(max(ctx.max_num_seqs, 1), waiting, key=key):
+        need = -(-ctx.cost(cand) // ctx.block_size)
+        while seats < 1 or free < need:
+            if not pool or not outranks(cand, pool[0]):
+                return victims
+            victim = pool.pop(0)
+            victims.append(victim)
+            seats += 1
+            free += -(-victim.num_computed_tokens // ctx.block_size)
+        seats -= 1
+        free -= need
+    return victims

@@ -1,0 +1,139 @@
+"""The router interface: where a cluster of replicas sends each request.
+
+A router is a plugin class (registered through the ``register_routers`` hook)
+that picks one replica per arriving request in three steps, the shape of
+llm-d's endpoint picker (filters, then weighted scorers, then a picker):
+
+1. :meth:`Router.filter` drops replicas that cannot serve the request (by
+   default those whose ``max_model_len`` or KV pool is too small for it);
+2. :meth:`Router.score` gives every remaining replica a number (higher is better);
+3. :meth:`Router.pick` chooses among them (by default the best score, ties to
+   the lowest replica index).
+
+The router sees each replica through a :class:`ReplicaView`, a snapshot of its
+load as of the last update (``--router-staleness-s``): real routers read load
+from metrics that lag. Prefix-cache contents are read live through
+:meth:`ReplicaView.cached_prefix_blocks`, as a router fed by KV-cache events
+(NVIDIA Dynamo's KV router) sees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from roseinfer.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What a router knows about one replica.
+
+    Attributes:
+        index: position in the cluster (0..N-1), the ``replica`` record column.
+        name: label, e.g. ``llama-3.1-8b@h100-sxm``.
+        num_waiting: requests queued for admission (as of the last update).
+        num_running: requests in the running set (as of the last update).
+        outstanding_tokens: prompt + output tokens of the requests routed here
+            that had not ended as of the last update, plus those routed since
+            (the router counts what it sends at once, as Dynamo's router tracks
+            its active blocks itself).
+        num_kv_blocks: blocks in the replica's KV pool.
+        num_free_blocks: free blocks (cached evictable ones included) as of the
+            last update.
+        block_size: tokens per KV block.
+        max_model_len: longest request (prompt + output tokens) it accepts.
+        prefix_blocks: callable giving the number of leading full prompt blocks
+            of a request that are in the replica's prefix cache now.
+    """
+
+    index: int
+    name: str
+    num_waiting: int
+    num_running: int
+    outstanding_tokens: int
+    num_kv_blocks: int
+    num_free_blocks: int
+    block_size: int
+    max_model_len: int
+    prefix_blocks: Callable[[Request], int] = field(repr=False, compare=False)
+
+    def cached_prefix_blocks(self, request: Request) -> int:
+        """Leading full prompt blocks of ``request`` cached on this replica (0 without
+        prefix caching or shared-prefix information)."""
+        return self.prefix_blocks(request)
+
+    @property
+    def outstanding_blocks(self) -> float:
+        """``outstanding_tokens`` in KV blocks (a load term in block units)."""
+        return self.outstanding_tokens / self.block_size
+
+
+class RouterError(ValueError):
+    """A router answered something invalid, or no replica can take a request."""
+
+
+class Router:
+    """Base class of routing policies (plugins subclass it).
+
+    Class attributes:
+        name: the ``--router`` value (unique across plugins).
+        description: one line for ``--list-policies``.
+
+    Args:
+        seed: random seed for routers that draw (``random``).
+        options: extra ``--router-arg KEY=VALUE`` knobs (strings).
+
+    Raises:
+        ValueError: from subclasses, on an option they cannot parse.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def __init__(self, seed: int = 0, options: Mapping[str, str] | None = None) -> None:
+        self.seed = seed
+        self.options = dict(options or {})
+
+    def route(self, request: Request, replicas: SequenceABC[ReplicaView], now_s: float) -> int:
+        """The index of the replica that serves ``request`` (filter, score, pick).
+        When the filter leaves none, every replica is a candidate (the chosen one
+        rejects the request, recording why).
+
+        Raises:
+            RouterError: with no replicas, or an invalid score list or pick.
+        """
+        if not replicas:
+            raise RouterError("no replicas to route to")
+        # A request no replica can hold still goes somewhere: that replica rejects
+        # it with its reason, as a single engine does.
+        candidates = self.filter(request, replicas) or list(replicas)
+        scores = self.score(request, candidates, now_s)
+        if len(scores) != len(candidates):
+            raise RouterError(f"router {self.name!r} scored {len(scores)} of {len(candidates)}")
+        chosen = self.pick(candidates, scores)
+        if chosen not in {c.index for c in candidates}:
+            raise RouterError(f"router {self.name!r} picked replica {chosen}, not a candidate")
+        return chosen
+
+    def filter(self, request: Request, replicas: SequenceABC[ReplicaView]) -> list[ReplicaView]:
+        """Replicas able to hold the request at all (length and pool size)."""
+        return [
+            r
+            for r in replicas
+            if request.max_num_tokens <= r.max_model_len
+            and -(-request.max_num_tokens // r.block_size) <= r.num_kv_blocks
+        ]
+
+    def score(
+        self, request: Request, candidates: SequenceABC[ReplicaView], now_s: float
+    ) -> list[float]:
+        """One score per candidate, higher is better (base: all equal)."""
+        return [0.0] * len(candidates)
+
+    def pick(self, candidates: SequenceABC[ReplicaView], scores: SequenceABC[float]) -> int:
+        """The best-scored candidate's index; ties go to the lowest index."""
+        best = max(range(len(candidates)), key=lambda k: (scores[k], -candidates[k].index))
+        return candidates[best].index

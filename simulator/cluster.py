@@ -1,0 +1,329 @@
+"""A cluster of simulated replicas behind a router.
+
+Each replica is a full scheduler (its own KV pool and prefix cache) priced by
+its own cost model, so replicas may differ in model, device and pool size.
+The cluster is one discrete-event loop over three kinds of events, taken in
+time order: a replica's step completes (its results are applied), a request
+arrives (the router picks a replica and the request joins its queue), a
+replica starts its next step. At equal times completions come first, then
+arrivals, then starts, so a replica sees every request that arrived by the
+time it plans, as :func:`roseinfer.driver.drive` does for one replica. A step
+is planned at its start and applied at its end; a request routed meanwhile
+waits for the end of that step. Uneventful decode runs stop at the step in
+which the next cluster arrival falls (it may be routed there).
+
+The router reads each replica through a :class:`~roseinfer.routing.ReplicaView`
+refreshed at most every ``router_staleness_s`` simulated seconds (0: at every
+arrival); prefix-cache contents are always read live (see
+``roseinfer.routing``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field, replace
+
+import pandas as pd
+
+from roseinfer.block_manager import compute_block_hashes
+from roseinfer.config import SchedulerConfig
+from roseinfer.driver import StepResult
+from roseinfer.interface import PolicyError
+from roseinfer.metrics import summarize
+from roseinfer.records import RecordBuilder
+from roseinfer.registry import Registry, load_registry
+from roseinfer.request import Request
+from roseinfer.routing import ReplicaView, Router
+from roseinfer.scheduler import Scheduler, SchedulerOutput
+from roseinfer.simulator.cost_model import CostModel
+from roseinfer.simulator.engine import CostModelBackend
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """One replica of a cluster.
+
+    Attributes:
+        name: label in summaries, e.g. ``llama-3.1-8b@h100-sxm``.
+        config: its scheduler config (KV pool, limits, policy).
+        cost_model: prices its steps.
+    """
+
+    name: str
+    config: SchedulerConfig
+    cost_model: CostModel
+
+
+class _Replica:
+    """A scheduler, its backend and records, and its place on the event clock."""
+
+    def __init__(self, index: int, spec: ReplicaSpec, registry: Registry, jump: bool) -> None:
+        policy = registry.make(spec.config.policy, spec.config.loop_order, spec.config.options)
+        self.index, self.spec, self.policy_label = index, spec, policy.label
+        self.scheduler = Scheduler(spec.config, policy, policy.label)
+        self.backend = CostModelBackend(spec.cost_model, jump=jump)
+        self.records = RecordBuilder()
+        self.time_s = 0.0  # end of the step in flight, or when it last went idle
+        self.pending: tuple[SchedulerOutput, StepResult] | None = None
+        self.stalled = False  # planned nothing with work queued: wait for a new request
+        self.routed_tokens = 0  # prompt + output tokens of requests routed here
+        self.ended_tokens = 0  # ... of which ended
+        self.num_routed = 0
+
+    def add(self, request: Request, block_hashes: dict[int, list[int]]) -> None:
+        """Queue ``request`` at its arrival time, handing over the prompt block
+        hashes the router computed (by block size) so they are not hashed twice."""
+        self.routed_tokens += request.max_num_tokens
+        self.num_routed += 1
+        seq = self.scheduler.add_request(request, request.arrival_time_s)
+        hashes = block_hashes.get(self.spec.config.block_size)
+        if hashes is not None and seq.block_hashes is None:
+            seq.block_hashes = hashes
+        if self.pending is None:
+            self.time_s = max(self.time_s, request.arrival_time_s)
+        self.stalled = False
+        self._flush()
+
+    def complete(self) -> None:
+        """Apply the step in flight (it ends at ``time_s``)."""
+        assert self.pending is not None
+        out, result = self.pending
+        self.pending = None
+        self.scheduler.update(out, result.end_times_s, result.sampled_token_ids)
+        self._flush()
+
+    def start(self, next_arrival_s: float) -> None:
+        """Plan and price the next step at ``time_s``."""
+        sched, now = self.scheduler, self.time_s
+        num_steps = sched.max_uneventful_decode_steps()
+        if num_steps > 1:
+            num_steps = self.backend.decode_run_length(sched, now, next_arrival_s, num_steps)
+        out = sched.schedule(now, num_steps)
+        if out.is_empty:
+            self.stalled = True
+            self._flush()
+            return
+        result = self.backend.execute(out, now)
+        self.pending = (out, result)
+        self.time_s = float(result.end_times_s[-1])
+
+    def _flush(self) -> None:
+        ended = self.scheduler.pop_ended()
+        if ended:
+            self.ended_tokens += sum(s.request.max_num_tokens for s in ended)
+            self.records.extend(ended, self.scheduler.step_log)
+
+    def view(self, prefix_blocks: Callable[[Request], int]) -> ReplicaView:
+        """The router's snapshot of this replica now."""
+        sched, cfg = self.scheduler, self.spec.config
+        return ReplicaView(
+            index=self.index,
+            name=self.spec.name,
+            num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
+            outstanding_tokens=self.routed_tokens - self.ended_tokens,
+            num_kv_blocks=cfg.num_kv_blocks,
+            num_free_blocks=sched.block_manager.num_free_blocks,
+            block_size=cfg.block_size,
+            max_model_len=cfg.max_model_len,
+            prefix_blocks=prefix_blocks,
+        )
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    """What a simulated cluster run produced.
+
+    Attributes:
+        records: one row per request (``roseinfer.metrics.schema``) plus
+            ``replica`` (the index of the replica that served it), in arrival order.
+        replicas: the specs, in index order.
+        schedulers: each replica's scheduler after the run.
+        router: the router's name.
+        policy: the replicas' composed policy labels, joined by ``,`` when they differ.
+        wall_s: wall-clock seconds the simulation took.
+        num_steps: engine steps simulated, all replicas together.
+    """
+
+    records: pd.DataFrame
+    replicas: list[ReplicaSpec]
+    schedulers: list[Scheduler]
+    router: str
+    policy: str
+    wall_s: float
+    num_steps: int
+    info: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        """Simulated seconds from the first arrival to the last step end (any replica)."""
+        ends = [float(s.step_log.end_s[-1]) for s in self.schedulers if s.step_log.num_steps]
+        if not ends:
+            return 0.0
+        first = float(self.records["arrival_s"].min()) if len(self.records) else 0.0
+        return max(ends) - first
+
+    def replica_summaries(self, goodput: dict[str, float] | None = None) -> pd.DataFrame:
+        """One summary row per replica (``summarize`` keys plus ``replica``, ``name``),
+        each over the cluster's duration so throughputs add up."""
+        rows = []
+        for i, spec in enumerate(self.replicas):
+            mine = self.records[self.records["replica"] == i]
+            summary = summarize(mine, duration_s=self.duration_s, goodput=goodput)
+            rows.append({"replica": i, "name": spec.name, **summary})
+        return pd.DataFrame(rows)
+
+
+class ClusterSimulator:
+    """Replays requests through N replicas behind a router.
+
+    Args:
+        replicas: one spec per replica (>= 1).
+        router: the routing policy instance.
+        registry: plugin registry (default: built-ins plus entry points).
+        jump: plan uneventful decode runs as one multi-step output.
+        router_staleness_s: the router's replica views are refreshed when at
+            least this many simulated seconds passed since the last refresh
+            (0 = fresh at every arrival).
+
+    Raises:
+        ValueError: on no replicas or a negative staleness.
+    """
+
+    def __init__(
+        self,
+        replicas: SequenceABC[ReplicaSpec],
+        router: Router,
+        registry: Registry | None = None,
+        *,
+        jump: bool = True,
+        router_staleness_s: float = 0.0,
+    ) -> None:
+        if not replicas:
+            raise ValueError("a cluster needs at least one replica")
+        if router_staleness_s < 0:
+            raise ValueError(f"--router-staleness-s must be >= 0, got {router_staleness_s}")
+        self.specs = list(replicas)
+        self.router = router
+        self.registry = registry if registry is not None else load_registry()
+        self.jump = jump
+        self.router_staleness_s = router_staleness_s
+
+    def run(self, requests: SequenceABC[Request]) -> ClusterResult:
+        """Simulate ``requests`` (any order) to completion.
+
+        Raises:
+            PolicyError: if a policy answer is invalid or a replica stalls.
+            RouterError: if the router answers something invalid.
+        """
+        start = time.perf_counter()
+        reqs = sorted(requests, key=lambda r: r.arrival_time_s)
+        reps = [_Replica(i, s, self.registry, self.jump) for i, s in enumerate(self.specs)]
+        _EventLoop(reps, self.router, self.router_staleness_s).run(reqs)
+        frames = []
+        for rep in reps:
+            rep.scheduler.check_invariants()
+            frame = rep.records.frame()
+            frame["replica"] = rep.index
+            frames.append(frame)
+        records = pd.concat(frames, ignore_index=True)
+        records = records.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+        labels = list(dict.fromkeys(rep.policy_label for rep in reps))
+        return ClusterResult(
+            records=records,
+            replicas=self.specs,
+            schedulers=[rep.scheduler for rep in reps],
+            router=self.router.name,
+            policy=",".join(labels),
+            wall_s=time.perf_counter() - start,
+            num_steps=sum(rep.scheduler.step_log.num_steps for rep in reps),
+            info={"routed": [rep.num_routed for rep in reps]},
+        )
+
+
+class _EventLoop:
+    """The cluster's event loop (see the module docstring for the order of events)."""
+
+    def __init__(self, replicas: list[_Replica], router: Router, staleness_s: float) -> None:
+        self.replicas, self.router, self.staleness_s = replicas, router, staleness_s
+        self._views: list[ReplicaView] = []
+        self._views_s = -math.inf
+        self._ended_at_view: list[int] = []
+        self._hashes: dict[int, list[int]] = {}  # block size -> hashes of the request routed
+
+    def run(self, reqs: list[Request]) -> None:
+        i, n = 0, len(reqs)
+        while True:
+            next_arrival = reqs[i].arrival_time_s if i < n else math.inf
+            rep, t = self._next_replica()
+            if rep is None and i >= n:
+                break
+            if rep is None or next_arrival < t or (next_arrival == t and rep.pending is None):
+                self._route(reqs[i])
+                i += 1
+            elif rep.pending is not None:
+                rep.complete()
+            else:
+                rep.start(next_arrival)
+        for rep in self.replicas:
+            if rep.scheduler.has_unfinished():
+                raise PolicyError(f"replica {rep.index}: {rep.scheduler.stall_message()}")
+
+    def _next_replica(self) -> tuple[_Replica | None, float]:
+        """The replica with the earliest event (completions before starts at equal
+        times, then the lowest index) and its time; (None, inf) when all are idle."""
+        best, best_t, best_starts = None, math.inf, True
+        for rep in self.replicas:
+            starts = rep.pending is None
+            if starts and (rep.stalled or not rep.scheduler.has_unfinished()):
+                continue
+            t = rep.time_s
+            if t < best_t or (t == best_t and best_starts and not starts):
+                best, best_t, best_starts = rep, t, starts
+        return best, best_t
+
+    def _route(self, request: Request) -> None:
+        now = request.arrival_time_s
+        if not self._views or now - self._views_s >= self.staleness_s:
+            self._views = [rep.view(self._prefix_query(rep)) for rep in self.replicas]
+            self._ended_at_view = [rep.ended_tokens for rep in self.replicas]
+            self._views_s = now
+        else:  # stale load, but the router counts what it sent at once
+            self._views = [
+                replace(v, outstanding_tokens=rep.routed_tokens - ended)
+                for v, rep, ended in zip(self._views, self.replicas, self._ended_at_view)
+            ]
+        self._hashes = {}
+        chosen = self.router.route(request, self._views, now)
+        self.replicas[chosen].add(request, self._hashes)
+
+    def _prefix_query(self, rep: _Replica) -> Callable[[Request], int]:
+        bm = rep.scheduler.block_manager
+
+        def query(request: Request) -> int:
+            hashes = self._hashes.get(bm.block_size)
+            if hashes is None:
+                hashes = compute_block_hashes(request, bm.block_size)
+                self._hashes[bm.block_size] = hashes
+            return bm.num_cached_prefix_blocks(hashes)
+
+        return query
+
+
+def simulate_cluster(
+    requests: SequenceABC[Request],
+    replicas: SequenceABC[ReplicaSpec],
+    router: Router,
+    *,
+    registry: Registry | None = None,
+    jump: bool = True,
+    router_staleness_s: float = 0.0,
+) -> ClusterResult:
+    """Run one cluster simulation; see :class:`ClusterSimulator`."""
+    sim = ClusterSimulator(
+        replicas, router, registry, jump=jump, router_staleness_s=router_staleness_s
+    )
+    return sim.run(requests)
