@@ -1,0 +1,234 @@
+"""Fidelity report: does ``rose-sim --cost-model PROFILE.json`` predict ``rose-run``?
+
+Runs the simulator (priced by the profile) and the real executor on the SAME
+request lists for every built-in policy x loop order (``mixed`` with chunked
+prefill), on slices of the Azure conv and code traces (lengths fitted to the
+model by clipping, made-up token ids) at two loads, and writes a markdown table
+and a JSON (``roseinfer.simulator.fidelity``): per combination the relative
+error (sim - real) / real of p50/p90/p99 TTFT, TPOT, ITL, E2EL and of output
+throughput, the noise floor (spread of two real runs), and per metric the rank
+agreement (Kendall tau, and resolved pairs ordered alike).
+
+Load: the capacity of a request slice is estimated with the simulator and the
+profile's cost model: all requests at t=0 under fifo/prefill-first, capacity =
+requests / simulated makespan (req/s). ``--loads 0.6 1.0`` replays the slice
+with Poisson arrivals at 60% and 100% of it (``rescale_arrivals``, seeded).
+
+    python benchmarks/fidelity.py --profile gpt2-cpu.json --model gpt2 --device cpu \\
+        --num-requests 16 --policies fifo budget --loop-orders prefill-first mixed
+    python benchmarks/fidelity.py --profile tiny.json --model tiny-gpt2 --num-requests 6
+
+A missing ``--profile`` file is made first (``rose-run profile`` machinery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgomp (see rose-run)
+
+import torch  # noqa: E402
+
+from roseinfer import workloads  # noqa: E402
+from roseinfer.config import SchedulerConfig  # noqa: E402
+from roseinfer.executor import cli as run_cli  # noqa: E402
+from roseinfer.executor.models import build_model  # noqa: E402
+from roseinfer.executor.profiler import model_spec_of, run_profile  # noqa: E402
+from roseinfer.executor.replay import ExecutorReplay  # noqa: E402
+from roseinfer.executor.workload_fit import fit_lengths, with_token_ids  # noqa: E402
+from roseinfer.request import Request  # noqa: E402
+from roseinfer.simulator.fidelity import (  # noqa: E402
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_PREFILL_MAX_TOKENS,
+    LOOP_ORDERS,
+    POLICIES,
+    FidelityReport,
+    default_combinations,
+    estimate_capacity,
+    markdown_table,
+    run_fidelity,
+)
+from roseinfer.simulator.profiled import Profile, load_profile  # noqa: E402
+
+TRACE_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+SUMMARY_METRICS = ["p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms",
+                   "p99_itl_ms", "p50_e2el_ms", "p99_e2el_ms", "output_throughput"]  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags of the fidelity benchmark."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", type=Path, required=True, help="PROFILE.json (made if absent)")
+    p.add_argument("--model", default="gpt2", help="as rose-run --model (must match the profile)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=["conv", "code"])
+    p.add_argument("--trace-dir", type=Path, default=TRACE_DIR, help="where the Azure CSVs are")
+    p.add_argument("--num-requests", type=int, default=16, help="requests per trace slice")
+    p.add_argument("--skip", type=int, default=0, help="trace rows skipped before the slice")
+    p.add_argument("--loads", nargs="+", type=float, default=[0.6, 1.0],
+                   help="arrival rates as fractions of the simulated capacity")  # fmt: skip
+    p.add_argument("--policies", nargs="+", default=list(POLICIES))
+    p.add_argument("--loop-orders", nargs="+", default=list(LOOP_ORDERS))
+    p.add_argument("--only", nargs="+", metavar="POLICY/ORDER",
+                   help="keep only these combinations of the grid, e.g. fifo/mixed")  # fmt: skip
+    p.add_argument("--prefill-max-tokens", type=int, default=DEFAULT_PREFILL_MAX_TOKENS,
+                   help="budget/pack admission budget")  # fmt: skip
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
+                   help="mixed: --max-num-batched-tokens with chunked prefill")  # fmt: skip
+    p.add_argument("--max-num-seqs", type=int, help="default: the profile's")
+    p.add_argument("--repeats", type=int, default=2, help="real runs per combination")
+    p.add_argument("--profile-repetitions", type=int, default=3, help="when profiling here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", type=Path, default=Path("fidelity"),
+                   help="writes OUTPUT.md and OUTPUT.json (default ./fidelity)")  # fmt: skip
+    return p
+
+
+def ensure_profile(args: argparse.Namespace, model, hf_config, dtype) -> Profile:  # type: ignore[no-untyped-def]
+    """Load ``--profile``, or profile the model now with rose-run's defaults and save it."""
+    if args.profile.exists():
+        return load_profile(args.profile)
+    print(f"no {args.profile}: profiling {args.model} first", file=sys.stderr)
+    device = torch.device(args.device)
+    max_len = run_cli._max_context(model)
+    kv_bytes = run_cli._kv_bytes_per_token(hf_config, dtype)
+    num_seqs = args.max_num_seqs or 256
+    ns = argparse.Namespace(kv_cache_memory_gb=None, block_size=16, gpu_memory_utilization=0.9)
+    blocks = run_cli.default_num_kv_blocks(ns, kv_bytes, device, num_seqs * -(-max_len // 16))
+    config = SchedulerConfig(num_kv_blocks=blocks, max_num_seqs=num_seqs, max_model_len=max_len)
+    runner = run_cli.ModelRunner(model, num_kv_blocks=blocks, block_size=16, device=device,
+                                 dtype=dtype)  # fmt: skip
+    profile = run_profile(
+        runner, config, model_name=args.model, hf_config=hf_config,
+        model_spec=model_spec_of(args.model, hf_config, dtype),
+        max_num_batched_tokens=max(max_len, 2048), repetitions=args.profile_repetitions,
+        seed=args.seed,
+    )  # fmt: skip
+    profile.save(args.profile)
+    return profile
+
+
+def trace_slice(
+    args: argparse.Namespace, trace: str, max_len: int, vocab: int
+) -> tuple[list[Request], str]:
+    """``--num-requests`` rows of a trace, lengths clipped to ``max_len``, token ids made up;
+    the embedded conv sample when the file is absent."""
+    path = args.trace_dir / TRACES[trace]
+    if path.exists():
+        reqs, name = workloads.load_trace(path), f"Azure {trace} ({path.name})"
+    else:
+        reqs, name = (
+            workloads.load_default_trace(),
+            f"{workloads.DEFAULT_TRACE_NAME} ({trace} absent)",
+        )
+    reqs = workloads.select(reqs, num_requests=args.num_requests, skip=args.skip)
+    reqs, note = fit_lengths(reqs, max_len, mode="clip")
+    return with_token_ids(
+        reqs, vocab_size=vocab, seed=args.seed
+    ), f"{name} rows {args.skip}+; {note}"
+
+
+def machine_facts(args: argparse.Namespace) -> dict[str, Any]:
+    """Machine, versions, threads and the 1/5/15-min load average now."""
+    return {
+        "machine": f"{platform.machine()} nproc={os.cpu_count()}",
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "num_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def base_config(profile: Profile, args: argparse.Namespace) -> SchedulerConfig:
+    """The profiled executor's pool, block size and max model length."""
+    d = profile.scheduler_defaults()
+    num_seqs = args.max_num_seqs or int(profile.executor.get("max_num_seqs", 256))
+    return SchedulerConfig(num_kv_blocks=d["num_kv_blocks"], block_size=d["block_size"],
+                           max_num_seqs=num_seqs, max_model_len=d["max_model_len"])  # fmt: skip
+
+
+def run_case(args, reqs, load, capacity, combos, cost_model, real) -> FidelityReport:  # type: ignore[no-untyped-def]
+    """One trace slice at one load: Poisson arrivals at ``load`` x capacity."""
+    rate = load * capacity
+    timed = workloads.rescale_arrivals(reqs, request_rate=rate, seed=args.seed)
+
+    def on_run(name: str, what: str) -> None:
+        print(f"  {name}: {what}", file=sys.stderr, flush=True)
+
+    return run_fidelity(timed, combos, cost_model, real, repeats=args.repeats, on_run=on_run)
+
+
+def main() -> int:
+    """Entry point: profile if needed, run every case, write OUTPUT.md / OUTPUT.json."""
+    args = build_parser().parse_args()
+    start, facts_before = time.perf_counter(), machine_facts(args)
+    device = run_cli.resolve_device(args.device)
+    run_cli.set_num_threads(args.num_threads)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    model, hf_config, _ = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
+    profile = ensure_profile(args, model, hf_config, dtype)
+    cost_model, base = profile.cost_model(), base_config(profile, args)
+    combos = default_combinations(base, args.policies, args.loop_orders,
+                                  prefill_max_tokens=args.prefill_max_tokens,
+                                  chunk_tokens=args.chunk_tokens)  # fmt: skip
+    if args.only:
+        unknown = set(args.only) - {c.name for c in combos}
+        if unknown:
+            raise SystemExit(f"fidelity: error: --only {sorted(unknown)} not in the grid")
+        combos = [c for c in combos if c.name in args.only]
+    real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)
+    cases, md = [], []
+    for trace in args.traces:
+        reqs, name = trace_slice(args, trace, base.max_model_len, int(hf_config.vocab_size))
+        capacity = estimate_capacity(reqs, base, cost_model)
+        for load in args.loads:
+            print(f"{name} @ {load:.0%} of {capacity:.3f} req/s", file=sys.stderr)
+            report = run_case(args, reqs, load, capacity, combos, cost_model, real)
+            title = f"{name}, {len(reqs)} requests, {load:.0%} load ({load * capacity:.3f} req/s)"
+            md += [f"### {title}", "", markdown_table(report, SUMMARY_METRICS), ""]
+            cases.append({"trace": trace, "workload": name, "load": load,
+                          "capacity_req_s": capacity, "request_rate": load * capacity,
+                          **report.to_json()})  # fmt: skip
+            write_outputs(args.output, _doc(args, profile, facts_before, start, cases), md)
+    print(args.output.with_suffix(".md").read_text())
+    return 0
+
+
+def _doc(args, profile, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The JSON document so far (written after every case, so a cut run keeps its cases)."""
+    return {"profile": str(args.profile), "profile_label": profile.label,
+           "cost_model": profile.cost_model().describe(), "machine_before": facts_before,
+           "machine_after": machine_facts(args), "wall_s": time.perf_counter() - start,
+           "cases": cases}  # fmt: skip
+
+
+def write_outputs(output: Path, doc: dict[str, Any], md: list[str]) -> None:
+    """OUTPUT.json (everything) and OUTPUT.md (header + one table per case)."""
+    before, after = doc["machine_before"], doc["machine_after"]
+    load = f"{before['load_average'][0]:.2f} before, {after['load_average'][0]:.2f} after"
+    header = [
+        f"`{before['command']}`", "",
+        f"{before['machine']}, torch {before['torch']}, {before['num_threads']} thread(s), "
+        f"load average (1 min) {load}; {doc['wall_s']:.0f} s wall. Cost model: {doc['cost_model']}.",
+        "", "Cells: (sim - real) / real, real = mean of the repeated real runs; "
+        "(±x) = real-vs-real spread (max - min) / mean, the noise floor.", "",
+    ]  # fmt: skip
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    output.with_suffix(".md").write_text("\n".join(header + md) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

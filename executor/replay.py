@@ -1,0 +1,91 @@
+"""The executor side of the fidelity report: replay a request list as ``rose-run`` does.
+
+:class:`ExecutorReplay` is a :data:`roseinfer.simulator.fidelity.RealRun`: each
+call builds a fresh :class:`~roseinfer.executor.engine.Engine` (fresh scheduler,
+empty prefix cache) on one model and KV pool kept across calls, warms up with
+the configuration's largest step shapes before the clock starts
+(:mod:`roseinfer.executor.warmup`, as ``rose-run`` does), and replays the
+requests open-loop on the real clock. Reusing the pool is safe: every block is
+written before it is read, so one run's K/V never reaches another's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import torch
+
+from roseinfer.config import SchedulerConfig
+from roseinfer.executor.engine import Engine
+from roseinfer.executor.model_runner import ModelRunner
+from roseinfer.executor.warmup import warm_up
+from roseinfer.registry import Registry
+from roseinfer.request import Request
+from roseinfer.simulator.fidelity import RunOutput
+
+
+class ExecutorReplay:
+    """Runs request lists for real on one model (a ``RealRun`` callable).
+
+    Args:
+        model: the torch model (``roseinfer.executor.models.build_model``).
+        device: where it runs; dtype: weights and KV dtype.
+        seed: sampling seed of every engine.
+        warmup: warm up before each run's clock starts (as ``rose-run``).
+        registry: plugin registry (default: built-ins plus entry points).
+        attention_backend: as ``rose-run --attention-backend``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        seed: int = 0,
+        warmup: bool = True,
+        registry: Registry | None = None,
+        attention_backend: str = "auto",
+    ) -> None:
+        self.model, self.device, self.dtype = model, torch.device(device), dtype
+        self.seed, self.warmup, self.registry = seed, warmup, registry
+        self.attention_backend = attention_backend
+        self._runner: ModelRunner | None = None
+
+    def runner_for(self, config: SchedulerConfig) -> ModelRunner:
+        """The model runner with ``config``'s KV pool (made again only when it changes)."""
+        runner = self._runner
+        if runner is None or (runner.num_kv_blocks, runner.block_size) != (
+            config.num_kv_blocks,
+            config.block_size,
+        ):
+            self._runner = None  # free the old pool before allocating the new one
+            runner = ModelRunner(
+                self.model, num_kv_blocks=config.num_kv_blocks, block_size=config.block_size,
+                device=self.device, dtype=self.dtype, attention_backend=self.attention_backend,
+            )  # fmt: skip
+            self._runner = runner
+        return runner
+
+    def __call__(self, requests: Sequence[Request], config: SchedulerConfig) -> RunOutput:
+        """Replay ``requests`` under ``config``; records hold real seconds.
+
+        Raises:
+            ValueError: if a request does not fit the model (see ``Engine.run``).
+        """
+        runner = self.runner_for(config)
+        start = time.perf_counter()
+        if self.warmup:
+            warm_up(runner, config)
+        warmup_s = time.perf_counter() - start
+        engine = Engine(runner, config, self.registry, seed=self.seed)
+        result = engine.run(requests)
+        info = {
+            "warmup_s": warmup_s,
+            "wall_s": result.wall_s,
+            "num_steps": result.scheduler.step_log.num_steps,
+            "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        }
+        return RunOutput(result.records, result.duration_s, info)
