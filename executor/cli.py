@@ -20,6 +20,7 @@ import os
 import resource
 import sys
 import time
+from typing import Any
 
 # NOTE: before torch loads libgomp, which reads it once. With the default (active)
 # policy an idle OpenMP worker keeps spinning after every parallel region; on a CPU
@@ -48,6 +49,7 @@ from roseinfer.cli import (
     scheduler_config,
     scheduler_knobs,
 )
+from roseinfer.config import SchedulerConfig
 from roseinfer.executor.engine import Engine, RunResult
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
 from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
@@ -295,23 +297,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     model, config, _tokenizer = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
     max_model_len = _max_model_len(args, model)
     requests, fit_note, vocab_note = _fit_requests(args, requests, max_model_len, _vocab(config))
-    max_seqs_blocks = scheduler_knobs(args)["max_num_seqs"] * -(-max_model_len // args.block_size)
-    kv_bytes = _kv_bytes_per_token(config, dtype)
-    sched_config = scheduler_config(
-        args,
-        registry,
-        num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
-        max_model_len=max_model_len,
-    )
-    check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
-    runner = ModelRunner(
-        model,
-        num_kv_blocks=sched_config.num_kv_blocks,
-        block_size=sched_config.block_size,
-        device=device,
-        dtype=dtype,
-        attention_backend=args.attention_backend,
-    )
+    sched_config, runner = build_runner(args, registry, model, config, device, dtype)
     warmup_s = 0.0 if args.no_warmup else _warm_up(runner, sched_config)
     engine = Engine(runner, sched_config, registry, seed=args.seed)
     result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
@@ -359,6 +345,42 @@ def _replay(engine: Engine, requests: list, *, show: bool) -> RunResult:
         total=len(requests), desc="requests", unit="req", disable=not show, file=sys.stderr
     ) as bar:
         return engine.run(requests, progress=bar.update)
+
+
+def build_runner(
+    args: argparse.Namespace,
+    registry: Registry,
+    model: torch.nn.Module,
+    config: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[SchedulerConfig, ModelRunner]:
+    """The scheduler config (KV pool sized from memory unless a flag sets it,
+    checked against the device's memory first) and a model runner over that
+    pool, for ``rose-run`` and ``rose-serve``.
+
+    Raises:
+        CliError: on a contradictory flag or a pool that does not fit in memory.
+    """
+    max_model_len = _max_model_len(args, model)
+    max_seqs_blocks = scheduler_knobs(args)["max_num_seqs"] * -(-max_model_len // args.block_size)
+    kv_bytes = _kv_bytes_per_token(config, dtype)
+    sched_config = scheduler_config(
+        args,
+        registry,
+        num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
+        max_model_len=max_model_len,
+    )
+    check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
+    runner = ModelRunner(
+        model,
+        num_kv_blocks=sched_config.num_kv_blocks,
+        block_size=sched_config.block_size,
+        device=device,
+        dtype=dtype,
+        attention_backend=args.attention_backend,
+    )
+    return sched_config, runner
 
 
 def _peak_memory_gb(device: torch.device) -> float:

@@ -6,7 +6,7 @@ admission), 031 (prefill token budget), 033 (lookahead packing).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 
 from roseinfer import hookimpl
@@ -26,15 +26,24 @@ def fifo_under_budget(
     fills the budget (chunked prefill). No token limit: the first
     ``budget.max_seqs`` requests.
     """
-    num_seats = min(budget.max_seqs, len(waiting))
-    if budget.max_tokens is None:  # no prompt-token limit: no cost to ask for
-        return list(islice(waiting, num_seats))
+    return take_under_budget(islice(waiting, budget.max_seqs), budget, ctx, chunk_head=chunk_head)
+
+
+def take_under_budget(
+    ordered: Iterable[Seq], budget: Budget, ctx: PolicyContext, *, chunk_head: bool = False
+) -> list[Choice]:
+    """Requests from ``ordered`` (at most ``budget.max_seqs`` of them, already
+    ranked) while their summed cost fits ``budget.max_tokens``; the first misfit
+    ends the selection, and goes alone (or as a chunk filling the budget, with
+    ``chunk_head``) when nothing was selected before it. Without a token limit no
+    cost is asked for."""
+    if budget.max_tokens is None:
+        return list(islice(ordered, budget.max_seqs))
     selected: list[Choice] = []
     num_tokens = 0
-    for i in range(num_seats):
-        seq = waiting[i]
+    for seq in islice(ordered, budget.max_seqs):
         cost = ctx.cost(seq)
-        if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
+        if num_tokens + cost > budget.max_tokens:
             if not selected:
                 selected.append(head_choice(seq, cost, budget, chunk_head))
             break

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from roseinfer.interface import Budget, Choice, PolicyContext
-from roseinfer.policies.admission import head_choice
+from roseinfer.policies.admission import take_under_budget
 from roseinfer.sequence import Sequence as Seq
 
 RankKey = Callable[[Seq], Any]
@@ -33,17 +33,7 @@ def admit_ranked(
         key: total order, smaller is admitted first (include ``seq_id`` for ties).
     """
     ranked = heapq.nsmallest(budget.max_seqs, waiting, key=key)
-    selected: list[Choice] = []
-    num_tokens = 0
-    for seq in ranked:
-        cost = ctx.cost(seq)
-        if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
-            if not selected:
-                selected.append(head_choice(seq, cost, budget, chunk_head))
-            break
-        selected.append(seq)
-        num_tokens += cost
-    return selected
+    return take_under_budget(ranked, budget, ctx, chunk_head=chunk_head)
 
 
 def preempt_for(

@@ -29,22 +29,17 @@ from roseinfer.cli import (  # noqa: E402
     add_engine_args,
     policy_options,
     run_main,
-    scheduler_config,
-    scheduler_knobs,
 )
 from roseinfer.executor.cli import (  # noqa: E402
     DTYPES,
     GPU_MEMORY_UTILIZATION,
-    _kv_bytes_per_token,
-    _max_model_len,
     _warm_up,
-    check_pool_fits,
-    default_num_kv_blocks,
+    build_runner,
     resolve_device,
     set_num_threads,
 )
 from roseinfer.executor.engine import Engine  # noqa: E402
-from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner  # noqa: E402
+from roseinfer.executor.model_runner import ATTENTION_BACKENDS  # noqa: E402
 from roseinfer.executor.models import BUILTIN_MODELS, build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
 from roseinfer.registry import Registry  # noqa: E402
@@ -119,24 +114,7 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
         args.model, seed=args.seed, dtype=dtype, device=device
     )
     tokenizer = load_tokenizer(args.tokenizer, model_tokenizer, config)
-    max_model_len = _max_model_len(args, model)
-    max_seqs_blocks = scheduler_knobs(args)["max_num_seqs"] * -(-max_model_len // args.block_size)
-    kv_bytes = _kv_bytes_per_token(config, dtype)
-    sched_config = scheduler_config(
-        args,
-        registry,
-        num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
-        max_model_len=max_model_len,
-    )
-    check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
-    runner = ModelRunner(
-        model,
-        num_kv_blocks=sched_config.num_kv_blocks,
-        block_size=sched_config.block_size,
-        device=device,
-        dtype=dtype,
-        attention_backend=args.attention_backend,
-    )
+    sched_config, runner = build_runner(args, registry, model, config, device, dtype)
     if not args.no_warmup:
         _warm_up(runner, sched_config)
     engine = Engine(runner, sched_config, registry, seed=args.seed)
