@@ -73,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common_args(parser)
     g = parser.add_argument_group("executor")
+    add_model_args(g)
+    g.add_argument(
+        "--fit-lengths",
+        choices=["clip", "scale", "off"],
+        default="clip",
+        help="fit requests longer than --max-model-len: clip each, or scale all by one "
+        "factor; 'off' rejects them",
+    )
+    g.add_argument(
+        "--save-token-ids",
+        action="store_true",
+        help="add prompt and output token ids to --save-records",
+    )
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(prefix_caching_hash_algo="sha256")  # real prompts: collision-resistant
+    return parser
+
+
+def add_model_args(g: argparse._ArgumentGroup) -> None:
+    """The model, device and runner flags of ``rose-run`` and ``rose-serve``."""
     g.add_argument(
         "--model",
         default="gpt2",
@@ -89,22 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="attention kernel"
     )
     g.add_argument(
-        "--fit-lengths",
-        choices=["clip", "scale", "off"],
-        default="clip",
-        help="fit requests longer than --max-model-len: clip each, or scale all by one "
-        "factor; 'off' rejects them",
-    )
-    g.add_argument(
         "--gpu-memory-utilization",
         type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
         help="CUDA: share of free memory for the KV pool (default KV pool size)",
-    )
-    g.add_argument(
-        "--save-token-ids",
-        action="store_true",
-        help="add prompt and output token ids to --save-records",
     )
     g.add_argument(
         "--num-threads",
@@ -117,9 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the warm-up with the largest step shapes before the clock starts",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(prefix_caching_hash_algo="sha256")  # real prompts: collision-resistant
-    return parser
 
 
 def resolve_device(name: str | None) -> torch.device:

@@ -351,15 +351,13 @@ class BlockManager:
         cached, hashes, index, refs = (
             self._free_cached, self._block_hash, self._hash_to_block, self._ref_counts,
         )  # fmt: skip
-        blocks = []
-        for _ in range(num_blocks):
-            block, _ = cached.popitem(last=False)
-            old = hashes[block]
+        pop = cached.popitem
+        blocks = [pop(last=False)[0] for _ in range(num_blocks)]
+        for block in blocks:
+            # a block holds hash h exactly when the index maps h to it (_register)
+            del index[hashes[block]]  # type: ignore[arg-type]
             hashes[block] = None
-            if index.get(old) == block:  # type: ignore[arg-type]
-                del index[old]  # type: ignore[arg-type]
             refs[block] = 1
-            blocks.append(block)
         self._num_evictions += 1
         return blocks
 

@@ -160,38 +160,21 @@ def _limit(value: float) -> int | None:
     return None if math.isinf(value) else int(value)
 
 
-class _WaitingView(SequenceABC[Sequence]):
-    """Read-only view of the waiting queue handed to policies (no copy)."""
-
-    __slots__ = ("_queue",)
-
-    def __init__(self, queue: deque[Sequence]) -> None:
-        self._queue = queue
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        if isinstance(index, slice):
-            return [self._queue[i] for i in range(*index.indices(len(self._queue)))]
-        return self._queue[index]
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._queue)
-
-
-class _ListView(SequenceABC[Sequence]):
-    """Read-only view of the running set handed to policies (no copy)."""
+class _ReadOnlyView(SequenceABC[Sequence]):
+    """Read-only view of the waiting queue or the running set handed to
+    policies (no copy)."""
 
     __slots__ = ("_items",)
 
-    def __init__(self, items: list[Sequence]) -> None:
+    def __init__(self, items: deque[Sequence] | list[Sequence]) -> None:
         self._items = items
 
     def __len__(self) -> int:
         return len(self._items)
 
     def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):  # a deque takes no slices
+            return [self._items[i] for i in range(*index.indices(len(self._items)))]
         return self._items[index]
 
     def __iter__(self) -> Iterator[Sequence]:
@@ -429,7 +412,7 @@ class Scheduler:
             num_waiting=len(self.waiting),
             max_model_len=max_len,
             cost=cost,
-            running=_ListView(self.running),
+            running=_ReadOnlyView(self.running),
             num_free_blocks=bm.num_free_blocks,
             block_size=self.config.block_size,
             max_num_seqs=self.config.max_num_seqs,
@@ -451,7 +434,7 @@ class Scheduler:
         if self.policy.may_drop:
             ctx = self._context(now_s)
             for seq in self._named(
-                self.policy.drop(_WaitingView(self.waiting), ctx), where, "drop"
+                self.policy.drop(_ReadOnlyView(self.waiting), ctx), where, "drop"
             ):
                 if seq.status is not SeqStatus.WAITING:
                     raise PolicyError(f"{where} asked to drop {seq!r}, which is not waiting")
@@ -460,7 +443,7 @@ class Scheduler:
         if not self.policy.may_preempt or not self.waiting or not self.running:
             return []
         victims = self._named(
-            self.policy.preempt(_WaitingView(self.waiting), self._context(now_s)), where, "preempt"
+            self.policy.preempt(_ReadOnlyView(self.waiting), self._context(now_s)), where, "preempt"
         )
         for seq in victims:
             if seq.status is not SeqStatus.RUNNING:
@@ -608,7 +591,7 @@ class Scheduler:
             num_free_blocks=self.block_manager.num_free_blocks,
             max_batched_tokens=_limit(room.batched),
         )
-        selection = self.policy.admit(_WaitingView(self.waiting), budget, ctx)
+        selection = self.policy.admit(_ReadOnlyView(self.waiting), budget, ctx)
         admitted: set[int] = set()
         for seq, num_tokens in self._validated(selection, budget, ctx):
             item = self._admit(seq, num_tokens, out, room, now_s)

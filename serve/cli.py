@@ -24,23 +24,24 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see roseinfer.executor.cl
 import torch  # noqa: E402
 
 from roseinfer.cli import (  # noqa: E402
+    MAX_SEED,
     ArgumentParser,
     CliError,
     add_engine_args,
+    int_in,
     policy_options,
     run_main,
 )
 from roseinfer.executor.cli import (  # noqa: E402
     DTYPES,
-    GPU_MEMORY_UTILIZATION,
     _warm_up,
+    add_model_args,
     build_runner,
     resolve_device,
     set_num_threads,
 )
 from roseinfer.executor.engine import Engine  # noqa: E402
-from roseinfer.executor.model_runner import ATTENTION_BACKENDS  # noqa: E402
-from roseinfer.executor.models import BUILTIN_MODELS, build_model  # noqa: E402
+from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
 from roseinfer.registry import Registry  # noqa: E402
 
@@ -78,24 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_executor_args(g: argparse._ArgumentGroup) -> None:
+    add_model_args(g)
     g.add_argument(
-        "--model",
-        default="gpt2",
-        help=f"a local transformers directory, or a built-in config with random weights "
-        f"({', '.join(sorted(BUILTIN_MODELS))})",
+        "--seed",
+        type=int_in(0, MAX_SEED),
+        default=0,
+        help="weights of built-ins, sampling (default 0)",
     )
-    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    g.add_argument("--dtype", choices=sorted(DTYPES), help="weights/KV dtype")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=GPU_MEMORY_UTILIZATION,
-        help="CUDA: share of free memory for the KV pool",
-    )
-    g.add_argument("--num-threads", type=int, help="CPU threads for torch (default: torch's)")
-    g.add_argument("--seed", type=int, default=0, help="weights of built-ins, sampling (default 0)")
-    g.add_argument("--no-warmup", action="store_true", help="skip the warm-up")
 
 
 def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[StreamingEngine, object]:

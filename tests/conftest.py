@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -84,3 +86,14 @@ def records_of(sched: Scheduler) -> pd.DataFrame:
     builder = _RECORDS.setdefault(sched, RecordBuilder(keep_token_ids=True))
     builder.extend(sched.pop_ended(), sched.step_log)
     return builder.frame()
+
+
+def run_cli(main: Callable[[], int], prog: str, monkeypatch, capsys, *args: str):  # type: ignore[no-untyped-def]
+    """Run a console script's ``main`` with ``args``: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", [prog, *args])
+    try:
+        code = main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err

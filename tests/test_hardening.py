@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ToyCostModel, req
+from conftest import ToyCostModel, req, run_cli
 
 from roseinfer import workloads as w
 from roseinfer.config import SchedulerConfig
@@ -36,16 +35,6 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 def jsonl(*rows: dict) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def run_cli(main, prog: str, monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", [prog, *args])
-    try:
-        code = main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def sim_error(monkeypatch, capsys, *args: str) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_cli
 
 from roseinfer.simulator.cli import main
 
@@ -20,13 +20,7 @@ VLLM_KEYS = [
 
 
 def rose_sim(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["rose-sim", *args])
-    try:
-        code = main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(main, "rose-sim", monkeypatch, capsys, *args)
 
 
 def test_default_run_prints_a_summary(monkeypatch, capsys) -> None:

@@ -398,6 +398,8 @@ def test_metrics_parse_and_count(server):
         (["--save-records", f"{__file__}/r.csv"], "--save-records"),  # under a file
         (["--save-records", "records.txt"], "--save-records"),
         (["--num-kv-blocks", "8", "--kv-cache-memory-gb", "1"], "--num-kv-blocks"),
+        (["--gpu-memory-utilization", "5"], "--gpu-memory-utilization"),  # rose-run's checks too
+        (["--num-threads", "0"], "--num-threads"),
     ],
 )
 def test_cli_bad_flag_is_one_error_line_before_any_model_work(monkeypatch, capsys, flags, names):
