@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 
 from roseinfer import workloads
-from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.request import Request
+from roseinfer.workloads.fit import fit_lengths, with_token_ids
 
 GPT2_CONTEXT = 1024
 OMP_NOTE = """\
@@ -60,7 +60,7 @@ def trace_slice(
     seed: int = 0,
 ) -> tuple[list[Request], str]:
     """The first ``num_requests`` requests (after ``skip``) of the embedded Azure conv
-    trace, fitted to ``max_model_len`` (:func:`roseinfer.executor.workload_fit.fit_lengths`),
+    trace, fitted to ``max_model_len`` (:func:`roseinfer.workloads.fit.fit_lengths`),
     with made-up token ids; all arriving at t=0 unless ``arrivals_at_zero`` is False.
 
     Returns:

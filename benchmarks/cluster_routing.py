@@ -21,13 +21,13 @@ from pathlib import Path
 
 from roseinfer import workloads
 from roseinfer.block_manager import compute_block_hashes
+from roseinfer.calibration.cost_model import make_cost_model
+from roseinfer.calibration.specs import get_device_spec, get_model_spec
 from roseinfer.config import SchedulerConfig
 from roseinfer.metrics import summarize
 from roseinfer.registry import load_registry
 from roseinfer.request import Request
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
-from roseinfer.simulator.cost_model import make_cost_model
-from roseinfer.simulator.specs import get_device_spec, get_model_spec
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "synthetic_trace.jsonl"
 BLOCK_SIZE = 16

@@ -35,6 +35,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/_common.py
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from roseinfer.calibration import (  # noqa: E402
+    HeldOutError,
+    ProfileSample,
+    calibrate_roofline,
+    fit_step_model,
+    load_profile,
+)
+from roseinfer.calibration.cost_model import make_cost_model  # noqa: E402
+from roseinfer.calibration.specs import ModelSpec, get_device_spec  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
@@ -47,15 +56,6 @@ from roseinfer.executor.profiler import (  # noqa: E402
     time_grid,
 )
 from roseinfer.executor.warmup import warm_up  # noqa: E402
-from roseinfer.simulator.cost_model import make_cost_model  # noqa: E402
-from roseinfer.simulator.profiled import (  # noqa: E402
-    HeldOutError,
-    ProfileSample,
-    calibrate_roofline,
-    fit_step_model,
-    load_profile,
-)
-from roseinfer.simulator.specs import ModelSpec, get_device_spec  # noqa: E402
 
 # target name -> (built-in config, overrides): shapes the executor can build offline
 TARGETS = {

@@ -1,22 +1,29 @@
-"""Fidelity report: does ``rose-sim --cost-model PROFILE.json`` predict ``rose-run``?
+"""Fidelity report: does ``rose-sim`` predict ``rose-run`` on the same requests, and why not?
 
-Runs the simulator (priced by the profile) and the real executor on the SAME
-request lists for every built-in policy x loop order (``mixed`` with chunked
-prefill), on slices of the Azure conv and code traces (lengths fitted to the
-model by clipping, made-up token ids) at two loads, and writes a markdown table
-and a JSON (``roseinfer.simulator.fidelity``): per combination the relative
-error (sim - real) / real of p50/p90/p99 TTFT, TPOT, ITL, E2EL and of output
-throughput, the noise floor (spread of two real runs), and per metric the rank
-agreement (Kendall tau, and resolved pairs ordered alike).
+Runs the simulator (priced by a calibration: a ``rose-run profile`` file and/or
+step logs) and the real executor on the SAME request lists for the chosen
+policy x loop order combinations (``mixed`` with chunked prefill), on slices of
+the Azure conv and code traces at two loads, and writes ``OUTPUT.md`` and
+``OUTPUT.json`` with the four-part report of ``roseinfer.experiments.fidelity``:
 
-Load: the capacity of a request slice is estimated with the simulator and the
-profile's cost model: all requests at t=0 under fifo/prefill-first, capacity =
-requests / simulated makespan (req/s). ``--loads 0.6 1.0`` replays the slice
-with Poisson arrivals at 60% and 100% of it (``rescale_arrivals``, seeded).
+* end to end: (sim - real) / real of p50/p90/p99 TTFT, TPOT, ITL, E2EL and of
+  output throughput, real = the mean of ``--repeats`` real runs; the noise floor
+  (their spread) and a bootstrap 95% CI of the real value (``*`` = sim inside it);
+* step-model error: the cost model's price of every real step vs its duration;
+* replay error: the simulator priced by each real run's own step log vs that run;
+* rank agreement: Kendall tau and resolved pairs across combinations.
 
-    python benchmarks/fidelity.py --profile gpt2-cpu.json --model gpt2 --device cpu \\
-        --num-requests 16 --policies fifo budget --loop-orders prefill-first mixed
-    python benchmarks/fidelity.py --profile tiny.json --model tiny-gpt2 --num-requests 6
+Workload: each trace slice's prompts are scaled by ``--prompt-scale`` and
+clipped to 8..``--max-prompt-tokens``, outputs clipped to 4..``--max-output-tokens``
+(the acceptance check's recipe: a real conversation scaled to GPT-2's context),
+with made-up token ids. Load: the slice's capacity is estimated with the
+simulator (all requests at t=0 under fifo/prefill-first, capacity = requests /
+makespan) and ``--loads 0.6 1.0`` replay it with Poisson arrivals at 60% and
+100% of it. Run it through ``../shared/tools/quiet`` and keep its QUIET line.
+
+    python benchmarks/fidelity.py --model gpt2-4l --profile gpt2-4l-cpu.json \\
+        --num-requests 200 --only fifo/prefill-first budget/decode-first pack/mixed
+    python benchmarks/fidelity.py --model tiny-gpt2 --profile tiny.json --num-requests 8
 
 A missing ``--profile`` file is made first (``rose-run profile`` machinery).
 """
@@ -24,6 +31,7 @@ A missing ``--profile`` file is made first (``rose-run profile`` machinery).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -37,25 +45,27 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads libgom
 import torch  # noqa: E402
 
 from roseinfer import workloads  # noqa: E402
+from roseinfer.calibration import Profile, load_profile  # noqa: E402
+from roseinfer.calibration.profile import load_calibration  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor import cli as run_cli  # noqa: E402
+from roseinfer.executor.facts import model_spec_of  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
-from roseinfer.executor.profiler import model_spec_of, run_profile  # noqa: E402
+from roseinfer.executor.profiler import run_profile  # noqa: E402
 from roseinfer.executor.replay import ExecutorReplay  # noqa: E402
-from roseinfer.executor.workload_fit import fit_lengths, with_token_ids  # noqa: E402
-from roseinfer.request import Request  # noqa: E402
-from roseinfer.simulator.fidelity import (  # noqa: E402
+from roseinfer.experiments.fidelity import (  # noqa: E402
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_PREFILL_MAX_TOKENS,
     LOOP_ORDERS,
     POLICIES,
     FidelityReport,
+    decomposition_table,
     default_combinations,
     estimate_capacity,
     markdown_table,
     run_fidelity,
 )
-from roseinfer.simulator.profiled import Profile, load_profile  # noqa: E402
+from roseinfer.request import Request  # noqa: E402
 
 TRACE_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -67,13 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     """Flags of the fidelity benchmark."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", type=Path, required=True, help="PROFILE.json (made if absent)")
+    p.add_argument("--cost-model", type=Path, nargs="+",
+                   help="price the simulation with these calibration files instead "
+                   "(profiles and/or step logs, pooled as rose-sim --cost-model does)")  # fmt: skip
     p.add_argument("--model", default="gpt2", help="as rose-run --model (must match the profile)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=["conv", "code"])
     p.add_argument("--trace-dir", type=Path, default=TRACE_DIR, help="where the Azure CSVs are")
-    p.add_argument("--num-requests", type=int, default=16, help="requests per trace slice")
+    p.add_argument("--num-requests", type=int, default=200, help="requests per trace slice")
     p.add_argument("--skip", type=int, default=0, help="trace rows skipped before the slice")
+    p.add_argument("--prompt-scale", type=float, default=0.25, help="prompt length factor")
+    p.add_argument("--max-prompt-tokens", type=int, default=900)
+    p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--loads", nargs="+", type=float, default=[0.6, 1.0],
                    help="arrival rates as fractions of the simulated capacity")  # fmt: skip
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
@@ -85,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
                    help="mixed: --max-num-batched-tokens with chunked prefill")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, help="default: the profile's")
-    p.add_argument("--repeats", type=int, default=2, help="real runs per combination")
+    p.add_argument("--repeats", type=int, default=3, help="real runs per combination")
+    p.add_argument("--resamples", type=int, default=400, help="bootstrap resamples")
     p.add_argument("--profile-repetitions", type=int, default=3, help="when profiling here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-steps-dir", type=Path,
+                   help="write every real run's step log there (TRACE-LOAD-POLICY-ORDER-K.jsonl)")  # fmt: skip
     p.add_argument("--output", type=Path, default=Path("fidelity"),
                    help="writes OUTPUT.md and OUTPUT.json (default ./fidelity)")  # fmt: skip
     return p
@@ -117,27 +136,36 @@ def ensure_profile(args: argparse.Namespace, model, hf_config, dtype) -> Profile
     return profile
 
 
-def trace_slice(
-    args: argparse.Namespace, trace: str, max_len: int, vocab: int
-) -> tuple[list[Request], str]:
-    """``--num-requests`` rows of a trace, lengths clipped to ``max_len``, token ids made up;
-    the embedded conv sample when the file is absent."""
+def trace_slice(args: argparse.Namespace, trace: str, vocab: int) -> tuple[list[Request], str]:
+    """``--num-requests`` rows of a trace with lengths scaled and clipped (see the
+    module docstring) and token ids made up; the embedded conv sample when absent."""
     path = args.trace_dir / TRACES[trace]
     if path.exists():
         reqs, name = workloads.load_trace(path), f"Azure {trace} ({path.name})"
     else:
-        reqs, name = (
-            workloads.load_default_trace(),
-            f"{workloads.DEFAULT_TRACE_NAME} ({trace} absent)",
-        )
+        reqs = workloads.load_default_trace()
+        name = f"{workloads.DEFAULT_TRACE_NAME} ({trace} absent)"
     reqs = workloads.select(reqs, num_requests=args.num_requests, skip=args.skip)
-    reqs, note = fit_lengths(reqs, max_len, mode="clip")
-    return with_token_ids(
-        reqs, vocab_size=vocab, seed=args.seed
-    ), f"{name} rows {args.skip}+; {note}"
+    reqs = [
+        dataclasses.replace(
+            r,
+            num_prompt_tokens=max(
+                8, min(args.max_prompt_tokens, int(r.num_prompt_tokens * args.prompt_scale))
+            ),
+            max_output_tokens=max(4, min(args.max_output_tokens, r.max_output_tokens)),
+            prompt_token_ids=None,
+            prefix_hash_ids=None,
+        )  # fmt: skip
+        for r in reqs
+    ]
+    note = (
+        f"prompts x{args.prompt_scale:g} clipped to 8..{args.max_prompt_tokens}, outputs "
+        f"clipped to 4..{args.max_output_tokens}"
+    )
+    return workloads.with_token_ids(reqs, vocab_size=vocab, seed=args.seed), f"{name}; {note}"
 
 
-def machine_facts(args: argparse.Namespace) -> dict[str, Any]:
+def machine_facts() -> dict[str, Any]:
     """Machine, versions, threads and the 1/5/15-min load average now."""
     return {
         "machine": f"{platform.machine()} nproc={os.cpu_count()}",
@@ -161,25 +189,26 @@ def base_config(profile: Profile, args: argparse.Namespace) -> SchedulerConfig:
 
 def run_case(args, reqs, load, capacity, combos, cost_model, real) -> FidelityReport:  # type: ignore[no-untyped-def]
     """One trace slice at one load: Poisson arrivals at ``load`` x capacity."""
-    rate = load * capacity
-    timed = workloads.rescale_arrivals(reqs, request_rate=rate, seed=args.seed)
+    timed = workloads.rescale_arrivals(reqs, request_rate=load * capacity, seed=args.seed)
 
     def on_run(name: str, what: str) -> None:
         print(f"  {name}: {what}", file=sys.stderr, flush=True)
 
-    return run_fidelity(timed, combos, cost_model, real, repeats=args.repeats, on_run=on_run)
+    return run_fidelity(timed, combos, cost_model, real, repeats=args.repeats, on_run=on_run,
+                        num_resamples=args.resamples)  # fmt: skip
 
 
 def main() -> int:
     """Entry point: profile if needed, run every case, write OUTPUT.md / OUTPUT.json."""
     args = build_parser().parse_args()
-    start, facts_before = time.perf_counter(), machine_facts(args)
     device = run_cli.resolve_device(args.device)
     run_cli.set_num_threads(args.num_threads)
+    start, facts_before = time.perf_counter(), machine_facts()
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model, hf_config, _ = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
     profile = ensure_profile(args, model, hf_config, dtype)
-    cost_model, base = profile.cost_model(), base_config(profile, args)
+    calibration = load_calibration(args.cost_model) if args.cost_model else profile
+    cost_model, base = calibration.cost_model(), base_config(profile, args)
     combos = default_combinations(base, args.policies, args.loop_orders,
                                   prefill_max_tokens=args.prefill_max_tokens,
                                   chunk_tokens=args.chunk_tokens)  # fmt: skip
@@ -191,39 +220,54 @@ def main() -> int:
     real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)
     cases, md = [], []
     for trace in args.traces:
-        reqs, name = trace_slice(args, trace, base.max_model_len, int(hf_config.vocab_size))
+        reqs, name = trace_slice(args, trace, int(hf_config.vocab_size))
         capacity = estimate_capacity(reqs, base, cost_model)
         for load in args.loads:
             print(f"{name} @ {load:.0%} of {capacity:.3f} req/s", file=sys.stderr)
             report = run_case(args, reqs, load, capacity, combos, cost_model, real)
             title = f"{name}, {len(reqs)} requests, {load:.0%} load ({load * capacity:.3f} req/s)"
-            md += [f"### {title}", "", markdown_table(report, SUMMARY_METRICS), ""]
+            md += [f"### {title}", "", "End to end (sim - real) / real (± noise floor; * = "
+                   "inside the real runs' 95% CI):", "", markdown_table(report, SUMMARY_METRICS),
+                   "", "Decomposition:", "", decomposition_table(report), ""]  # fmt: skip
+            if args.save_steps_dir is not None:
+                save_steps(args.save_steps_dir, f"{trace}-{load:g}", report)
             cases.append({"trace": trace, "workload": name, "load": load,
                           "capacity_req_s": capacity, "request_rate": load * capacity,
                           **report.to_json()})  # fmt: skip
-            write_outputs(args.output, _doc(args, profile, facts_before, start, cases), md)
+            write_outputs(args.output, _doc(args, cost_model, facts_before, start, cases), md)
     print(args.output.with_suffix(".md").read_text())
     return 0
 
 
-def _doc(args, profile, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def save_steps(folder: Path, case: str, report: FidelityReport) -> None:
+    """Every real run's step log of ``report`` as ``folder/CASE-POLICY-ORDER-K.jsonl``."""
+    from roseinfer.calibration.steplog import StepLogWriter, make_header
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for combo, runs in report.real.items():
+        for k, run in enumerate(runs, start=1):
+            name = f"{case}-{combo.replace('/', '-')}-{k}.jsonl"
+            with StepLogWriter(folder / name, make_header("rose-run", environment=run.info)) as w:
+                for record in run.steps or []:
+                    w.write(record)
+
+
+def _doc(args, cost_model, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """The JSON document so far (written after every case, so a cut run keeps its cases)."""
-    return {"profile": str(args.profile), "profile_label": profile.label,
-           "cost_model": profile.cost_model().describe(), "machine_before": facts_before,
-           "machine_after": machine_facts(args), "wall_s": time.perf_counter() - start,
-           "cases": cases}  # fmt: skip
+    return {"profile": str(args.profile), "cost_model": cost_model.describe(),
+            "machine_before": facts_before, "machine_after": machine_facts(),
+            "wall_s": time.perf_counter() - start, "cases": cases}  # fmt: skip
 
 
 def write_outputs(output: Path, doc: dict[str, Any], md: list[str]) -> None:
-    """OUTPUT.json (everything) and OUTPUT.md (header + one table per case)."""
+    """OUTPUT.json (everything) and OUTPUT.md (header + one table pair per case)."""
     before, after = doc["machine_before"], doc["machine_after"]
     load = f"{before['load_average'][0]:.2f} before, {after['load_average'][0]:.2f} after"
     header = [
         f"`{before['command']}`", "",
         f"{before['machine']}, torch {before['torch']}, {before['num_threads']} thread(s), "
         f"load average (1 min) {load}; {doc['wall_s']:.0f} s wall. Cost model: {doc['cost_model']}.",
-        "", "Cells: (sim - real) / real, real = mean of the repeated real runs; "
-        "(±x) = real-vs-real spread (max - min) / mean, the noise floor.", "",
+        "",
     ]  # fmt: skip
     output.parent.mkdir(parents=True, exist_ok=True)
     output.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")

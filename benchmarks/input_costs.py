@@ -24,11 +24,11 @@ import timeit
 from pathlib import Path
 
 from roseinfer.block_manager import BLOCK_HASHERS
+from roseinfer.calibration.specs import get_device_spec
 from roseinfer.cli import build_workload, scheduler_config
 from roseinfer.registry import load_registry
 from roseinfer.simulator import make_cost_model, simulate
 from roseinfer.simulator.cli import build_parser, default_num_kv_blocks, load_model_spec
-from roseinfer.simulator.specs import get_device_spec
 from roseinfer.workloads import load_trace
 
 

@@ -11,6 +11,11 @@ side with the post's own reported figures for the same comparison.
     python benchmarks/seed_experiments.py 031 --backend run        # real GPT-2 on this CPU
     python benchmarks/seed_experiments.py 033 --backend run --num-requests 32
     python benchmarks/seed_experiments.py all --backend sim
+    python benchmarks/seed_experiments.py all --backend both --cost-model gpt2-cpu.json
+
+``--backend both`` runs each experiment in the simulator, priced by ``--cost-model``
+(a ``rose-run profile`` of GPT-2 on this CPU, or step logs), and for real, and says
+for each metric whether the two backends move the same way from before to after.
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from seed_recipes import SEED_EXPERIMENTS, SeedExperiment
 
 from roseinfer import workloads
 from roseinfer.config import SchedulerConfig
+from roseinfer.experiments.sweep import apply_overrides
 from roseinfer.metrics import summarize
-from roseinfer.simulator.sweep import apply_overrides
 
 # What each post printed for its before -> after pair (ms; tokens/s), copied from
 # ../shared/seeds as reference points (GPT-2 via HF; 031 on CPU, 032/033 on CUDA).
@@ -66,11 +71,17 @@ def base_config(model_len: int) -> SchedulerConfig:
     return SchedulerConfig(num_kv_blocks=4096, block_size=16, max_model_len=model_len)
 
 
-def run_sim(exp: SeedExperiment, requests: list, device: str) -> pd.DataFrame:
-    """Every variant in the simulator (GPT-2 shape on ``device``)."""
+def run_sim(
+    exp: SeedExperiment, requests: list, device: str, cost_files: list[str] | None = None
+) -> pd.DataFrame:
+    """Every variant in the simulator: GPT-2's roofline on ``device``, or priced by a
+    calibration (``cost_files``: a profile and/or step logs)."""
+    from roseinfer.calibration.profile import load_calibration
     from roseinfer.simulator import make_cost_model, simulate
 
-    cost = make_cost_model("gpt2", device)
+    cost = (
+        load_calibration(cost_files).cost_model() if cost_files else make_cost_model("gpt2", device)
+    )
     rows = []
     for label, overrides in exp.variants.items():
         result = simulate(requests, apply_overrides(base_config(1024), overrides), cost)
@@ -115,10 +126,31 @@ def show(name: str, exp: SeedExperiment, df: pd.DataFrame, where: str) -> None:
             print(f"  {key}: {a[key]:.2f} -> {b[key]:.2f} ({change:+.1f}%)")
 
 
+DIRECTION_METRICS = ("p99_ttft_ms", "p50_ttft_ms", "p99_itl_ms", "p99_tpot_ms", "output_throughput")
+
+
+def directions(sim: pd.DataFrame, real: pd.DataFrame) -> pd.DataFrame:
+    """Per metric: the before -> after change in each backend and whether they agree
+    (a change under 2% in both counts as agreeing: no effect either way)."""
+    rows = []
+    for key in DIRECTION_METRICS:
+        (s0, s1), (r0, r1) = sim[key].iloc[:2], real[key].iloc[:2]
+        ds, dr = (s1 - s0) / s0, (r1 - r0) / r0
+        same = (abs(ds) < 0.02 and abs(dr) < 0.02) or (ds > 0) == (dr > 0)
+        rows.append({"metric": key, "sim": f"{ds:+.0%}", "real": f"{dr:+.0%}",
+                     "agree": "yes" if same else "NO"})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", choices=[*SEED_EXPERIMENTS, "all"])
-    parser.add_argument("--backend", choices=["sim", "run"], default="sim")
+    parser.add_argument("--backend", choices=["sim", "run", "both"], default="sim")
+    parser.add_argument(
+        "--cost-model",
+        nargs="+",
+        help="sim: price with these calibration files (profile, step logs)",
+    )
     parser.add_argument(
         "--device",
         help="sim: a device spec (default: cpu for the posts run on CPU, h100-sxm for "
@@ -138,10 +170,16 @@ def main() -> None:
         start = time.perf_counter()
         if args.backend == "sim":
             device = args.device or ("cpu" if exp.device == "cpu" else "h100-sxm")
-            df = run_sim(exp, requests, device)
+            df = run_sim(exp, requests, device, args.cost_model)
         else:
             device = args.device or "cpu"
             df = run_real(exp, requests, device, args.seed)
+        if args.backend == "both":
+            sim = run_sim(exp, requests, device, args.cost_model)
+            show(name, exp, sim, f"sim ({args.cost_model or 'roofline'}), {len(requests)} requests")
+            if len(df) == 2:
+                print("  before -> after, sim vs real:")
+                print(directions(sim, df).to_string(index=False))
         where = f"{args.backend}, {device}, {len(requests)} requests"
         show(name, exp, df, where)
         print(f"  ({time.perf_counter() - start:.1f} s wall)")

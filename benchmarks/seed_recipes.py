@@ -2,7 +2,7 @@
 
 The request mix of each post is ``roseinfer.workloads.SEED_WORKLOADS``; this
 file adds what the post varied (``--backend`` independent), as keys of
-``roseinfer.simulator.sweep.apply_overrides``. Used by ``seed_experiments.py``.
+``roseinfer.experiments.sweep.apply_overrides``. Used by ``seed_experiments.py``.
 """
 
 from __future__ import annotations
@@ -99,17 +99,17 @@ SEED_EXPERIMENTS: dict[str, SeedExperiment] = {
     "004-prefix": SeedExperiment(
         "004 prefix cache with batched prefill: unique prompts",
         SEED_WORKLOADS["004-prefix"],
-        {
-            "prefix-cache": {"enable_prefix_caching": True},
+        {  # before (cache off) -> after (cache on), as the README's tables read
             "no-prefix-cache": {"enable_prefix_caching": False},
+            "prefix-cache": {"enable_prefix_caching": True},
         },
     ),
     "004-prefix-shared": SeedExperiment(
         "004 prefix cache with batched prefill: shared prompts",
         SEED_WORKLOADS["004-prefix-shared"],
-        {
-            "prefix-cache": {"enable_prefix_caching": True},
+        {  # before (cache off) -> after (cache on), as the README's tables read
             "no-prefix-cache": {"enable_prefix_caching": False},
+            "prefix-cache": {"enable_prefix_caching": True},
         },
     ),
 }

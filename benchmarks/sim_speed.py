@@ -59,7 +59,7 @@ from roseinfer.simulator.cli import build_parser, load_model_spec, default_num_k
 from roseinfer.cli import build_workload, scheduler_config
 from roseinfer.registry import load_registry
 from roseinfer.simulator import make_cost_model, simulate
-from roseinfer.simulator.specs import get_device_spec
+from roseinfer.calibration.specs import get_device_spec
 args = build_parser().parse_args(sys.argv[1:])
 if getattr(args, "block_size", None) is None:  # rose-sim's default when no profile sets it
     args.block_size = 16

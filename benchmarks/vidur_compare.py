@@ -179,8 +179,8 @@ def roofline_profiles(device_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     context's KV; rose-sim's per-step overhead is spread over the layers' adds.
     """
     sys.path.insert(0, str(ROOT))
+    from roseinfer.calibration.specs import get_device_spec
     from roseinfer.simulator.cli import load_model_spec
-    from roseinfer.simulator.specs import get_device_spec
 
     m, d = load_model_spec(ROSE_MODEL), get_device_spec(device_name)
     flops_s, bytes_s, dt = d.achievable_flops, d.achievable_bandwidth, m.dtype_bytes

@@ -205,6 +205,13 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="synthetic: a distinct suffix per prompt (no prefix-cache hits across requests)",
     )
+    g.add_argument(
+        "--fit-lengths",
+        choices=[*workloads.FIT_MODES, "off"],
+        help="requests longer than --max-model-len: clip each, or scale all by one factor; "
+        "'off' rejects them (default: clip in rose-run; in rose-sim what the --cost-model "
+        "file's run did, else off)",
+    )
 
 
 def _add_policy_args(g: argparse._ArgumentGroup) -> None:
@@ -339,6 +346,13 @@ def _add_output_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument("--save-records", type=Path, help="write per-request records (.csv or .parquet)")
     g.add_argument(
+        "--save-steps",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="write every executed step (start, end, shape) as a step log (JSON lines; "
+        "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
+    )
+    g.add_argument(
         "--goodput",
         nargs="+",
         metavar="METRIC:MS",
@@ -348,6 +362,24 @@ def _add_output_args(g: argparse._ArgumentGroup) -> None:
 
 
 # ----------------------------------------------------------------- workload
+def fit_workload(
+    args: argparse.Namespace, requests: list[Request], max_model_len: int, default: str
+) -> tuple[list[Request], str]:
+    """Apply ``--fit-lengths`` (``default`` when not given) to ``requests``.
+
+    Both backends fit a workload with this one rule, so the same flags replay
+    the same requests in rose-sim and rose-run.
+
+    Returns:
+        The requests and a note for the result file (``fit_lengths``).
+    """
+    mode = args.fit_lengths or default
+    if mode == "off":
+        return requests, "off"
+    fitted, note = workloads.fit_lengths(requests, max_model_len, mode=mode)
+    return fitted, note
+
+
 def build_workload(args: argparse.Namespace) -> tuple[list[Request], str]:
     """The requests the flags describe, and a one-line description.
 
@@ -628,11 +660,19 @@ def _check_output_paths(args: argparse.Namespace) -> None:
             check_output_path(args.save_result, "--save-result")
         if args.save_records is not None:
             check_output_path(args.save_records, "--save-records", RECORD_SUFFIXES)
+        if args.save_steps is not None:
+            check_output_path(args.save_steps, "--save-steps", (".jsonl",))
     except ValueError as err:
         raise CliError(str(err)) from None
-    paths = (args.save_result, args.save_records)
-    if None not in paths and paths[0].resolve() == paths[1].resolve():
-        raise CliError("--save-result and --save-records name the same file; give two paths")
+    named = {"--save-result": args.save_result, "--save-records": args.save_records,
+             "--save-steps": args.save_steps}  # fmt: skip
+    seen: dict[Path, str] = {}
+    for flag, path in named.items():
+        if path is None:
+            continue
+        other = seen.setdefault(path.resolve(), flag)
+        if other != flag:
+            raise CliError(f"{other} and {flag} name the same file; give two paths")
 
 
 # ---------------------------------------------------------------- outputs
@@ -737,3 +777,72 @@ def run_main(
         check(args, registry)
         body(args, registry)
     return 0
+
+
+# ------------------------------------------------------ embedded in an engine
+def parse_policy_args(
+    argv: list[str],
+    registry: Registry,
+    *,
+    source: str = "policy flags",
+    engine: str = "the engine",
+    preset: str = "seeds",
+) -> tuple[str, str, PolicyOptions, int | None, int | None]:
+    """Parse and check rose-sim's policy flags for a run inside another engine's
+    scheduler (vLLM's, through ``ROSEINFER_POLICY_ARGS``), with rose-sim's parser
+    pieces, so names, typed options and messages are rose-sim's.
+
+    ``argv`` may hold the policy flags (``--policy``, ``--loop-order``, ``--lookahead``,
+    ``--chunk-head``, ``--force-fifo-every``, ``--policy-arg``), every plugin's own
+    flags, ``--scheduler-preset`` and the admission limits ``--prefill-max-tokens``
+    and ``--prefill-max-seqs``. The other scheduler and KV-cache flags
+    (``--max-num-seqs``, ``--block-size``, ...) set the engine's own scheduler and
+    are an error here, as are ``--list-policies`` and ``--help``.
+
+    Args:
+        argv: the flags, split as a shell splits them (``shlex.split``).
+        registry: the loaded plugins.
+        source: where the flags came from, for messages (e.g. the variable's name).
+        engine: the engine's name, for messages (e.g. ``"vLLM"``).
+        preset: the ``--scheduler-preset`` assumed when none is given; its loop
+            order is the default one.
+
+    Returns:
+        ``(policy, loop_order, options, prefill_max_tokens, prefill_max_seqs)``; the
+        two limits (tokens per step, requests per step) are None when not given.
+
+    Raises:
+        CliError: a bad flag, value or combination: one line naming it and the fix.
+        UnknownPolicyError: an unknown policy, loop order or length predictor.
+    """
+
+    class _Parser(ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise CliError(message)
+
+    parser = _Parser(prog=source, add_help=False)
+    _add_policy_args(parser.add_argument_group("policy"))
+    _add_plugin_option_args(parser.add_argument_group("policy options"), registry)
+    group = parser.add_argument_group("scheduler and KV cache")
+    _add_scheduler_args(group)
+    policy_facing = ("scheduler_preset", "prefill_max_tokens", "prefill_max_seqs")
+    engine_owned = [a for a in group._group_actions if a.dest not in policy_facing]
+    for action in engine_owned:
+        action.default = None  # so a flag given explicitly is told from its default
+    args = parser.parse_args(argv)
+    if args.list_policies:
+        raise CliError(
+            f"--list-policies prints the policies and exits; run `rose-sim --list-policies` "
+            f"and drop it from {source}"
+        )
+    for action in engine_owned:
+        if getattr(args, action.dest) is not None:
+            raise CliError(
+                f"{action.option_strings[0]} sets {engine}'s own scheduler, not the policy: "
+                f"give it to {engine} and drop it from {source}"
+            )
+    if args.scheduler_preset is None:
+        args.scheduler_preset = preset
+    options = policy_options(args, registry)
+    loop_order = str(scheduler_knobs(args)["loop_order"])
+    return args.policy, loop_order, options, args.prefill_max_tokens, args.prefill_max_seqs

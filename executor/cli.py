@@ -40,6 +40,7 @@ from roseinfer.cli import (
     build_workload,
     check_args,
     config_facts,
+    fit_workload,
     float_in,
     int_in,
     kv_blocks_from_bytes,
@@ -51,12 +52,13 @@ from roseinfer.cli import (
 )
 from roseinfer.config import SchedulerConfig
 from roseinfer.executor.engine import Engine, RunResult
+from roseinfer.executor.facts import model_spec_of, step_log_recorder
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
 from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
 from roseinfer.executor.warmup import warm_up
-from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.registry import Registry
 from roseinfer.request import Request
+from roseinfer.workloads.fit import with_token_ids
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_KV_CACHE_GB = 1.0  # default KV pool on CPU (GiB)
@@ -74,13 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(parser)
     g = parser.add_argument_group("executor")
     add_model_args(g)
-    g.add_argument(
-        "--fit-lengths",
-        choices=["clip", "scale", "off"],
-        default="clip",
-        help="fit requests longer than --max-model-len: clip each, or scale all by one "
-        "factor; 'off' rejects them",
-    )
     g.add_argument(
         "--save-token-ids",
         action="store_true",
@@ -273,9 +268,7 @@ def _fit_requests(
     """Fit lengths (``--fit-lengths``), make up missing token ids, and fold ids
     outside the vocabulary into it (a seed workload has GPT-2 ids; a tiny model
     has a small vocab). Returns the requests and a note on each change."""
-    fit_note = "off"
-    if args.fit_lengths != "off":
-        requests, fit_note = fit_lengths(requests, max_model_len, mode=args.fit_lengths)
+    requests, fit_note = fit_workload(args, requests, max_model_len, default="clip")
     requests = with_token_ids(requests, vocab_size=vocab_size, seed=args.seed)
     num_folded = 0
     for i, r in enumerate(requests):
@@ -304,8 +297,20 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
     requests, fit_note, vocab_note = _fit_requests(args, requests, max_model_len, _vocab(config))
     sched_config, runner = build_runner(args, registry, model, config, device, dtype)
     warmup_s = 0.0 if args.no_warmup else _warm_up(runner, sched_config)
-    engine = Engine(runner, sched_config, registry, seed=args.seed)
-    result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
+    recorder = None
+    if args.save_steps is not None:
+        recorder = step_log_recorder(
+            args.save_steps, backend="rose-run", model_name=args.model,
+            model_spec=model_spec_of(args.model, config, dtype), runner=runner,
+            config=sched_config, max_num_batched_tokens=sched_config.max_num_batched_tokens,
+            fit_lengths=args.fit_lengths or "clip", scheduler_facts=config_facts(sched_config),
+        )  # fmt: skip
+    engine = Engine(runner, sched_config, registry, seed=args.seed, on_step=recorder)
+    try:
+        result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
+    finally:
+        if recorder is not None and recorder.writer is not None:
+            recorder.writer.close()
     records = result.records
     if not args.save_token_ids:
         records = records.drop(columns=["prompt_token_ids", "output_token_ids"])

@@ -19,13 +19,14 @@ import pandas as pd
 import torch
 
 from roseinfer.config import SchedulerConfig
-from roseinfer.driver import StepResult, drive
+from roseinfer.driver import StepObserver, StepResult, drive, step_once
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 from roseinfer.executor.validation import check_request
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
+from roseinfer.sequence import SeqStatus
 from roseinfer.sequence import Sequence as Seq
 
 
@@ -46,9 +47,9 @@ class StepTiming:
     """Wall seconds of one step's parts (the overhead benchmark, ``rose-run profile``).
 
     Attributes:
-        host_s: host work between the previous step's forward and this step's
-            input preparation: applying the previous result, releasing arrivals
-            and planning this step (idle waits for arrivals excluded).
+        host_s: host work from the step's start (the previous step's end, or the
+            arrival that woke an idle engine) to this step's input preparation:
+            applying the previous result, releasing arrivals, planning this step.
         prepare_s: building the runner inputs.
         forward_s: model forward, sampling and device sync.
         num_seqs: requests in the step; num_tokens: tokens it computed.
@@ -98,6 +99,8 @@ class Engine:
         seed: seeds the engine-wide sampling generator.
         record_timings: keep a :class:`StepTiming` per step.
         clock: seconds since an arbitrary origin (``time.perf_counter``).
+        on_step: called after every applied step with its output, start time
+            and result (e.g. a step-log writer; ``roseinfer.executor.steplog``).
 
     Raises:
         ValueError: if the runner's KV pool does not match the config, or
@@ -113,6 +116,7 @@ class Engine:
         seed: int = 0,
         record_timings: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        on_step: StepObserver | None = None,
     ) -> None:
         if runner.num_kv_blocks != config.num_kv_blocks or runner.block_size != config.block_size:
             raise ValueError(
@@ -137,8 +141,7 @@ class Engine:
         self.timings: list[StepTiming] = []
         self._clock = clock
         self.t0 = clock()
-        self._last_end_s: float | None = None
-        self._idle_s = 0.0
+        self.on_step = on_step
 
     # --------------------------------------------------------------- clock
     def now(self) -> float:
@@ -154,7 +157,6 @@ class Engine:
         wait_s = time_s - self.now_s()
         if wait_s > 0:
             time.sleep(wait_s)
-            self._idle_s += wait_s
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> Seq:
@@ -187,7 +189,7 @@ class Engine:
 
         Raises:
             ValueError: if it has no prompt token ids (a length-only trace needs
-                ``roseinfer.executor.workload_fit.with_token_ids``).
+                ``roseinfer.workloads.fit.with_token_ids``).
             InvalidRequestError: (a ValueError) naming the bad field: a non-string
                 id, a non-integer or < 1 output length, a token id that is not an
                 integer in the vocabulary, or sampling parameters sampling cannot
@@ -196,7 +198,7 @@ class Engine:
         if request.prompt_token_ids is None:
             raise ValueError(
                 f"request {request.request_id!r} has no prompt token ids; the executor "
-                "needs them (roseinfer.executor.workload_fit.with_token_ids makes them up for a trace)"
+                "needs them (roseinfer.workloads.fit.with_token_ids makes them up for a trace)"
             )
         check_request(request, self.runner.vocab_size)
 
@@ -210,11 +212,16 @@ class Engine:
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
         """Run one scheduler output on the model: inputs, forward, sampling.
 
+        Args:
+            out: the planned step.
+            now_s: the step's start (s): where planning began.
+
         Returns:
-            The step's end time (after a device synchronize) and one sampled
-            token per item of ``out.sampling``. A request whose sampling raises
-            is ended (aborted, reason "sampling failed: ...") and removed from
-            ``out`` first; the others go on (:meth:`pop_failed` names it).
+            The step's end time (after a device synchronize), one sampled token
+            per item of ``out.sampling``, and the seconds from input preparation
+            to the end (``forward_s``). A request whose sampling raises is ended
+            (aborted, reason "sampling failed: ...") and removed from ``out``
+            first; the others go on (:meth:`pop_failed` names it).
         """
         t_prep = self.now_s()
         inputs = self._inputs(out)
@@ -223,10 +230,9 @@ class Engine:
         synchronize(self.runner.device)
         t_end = self.now_s()
         if self.record_timings:
-            last = t_prep if self._last_end_s is None else self._last_end_s
             self.timings.append(
                 StepTiming(
-                    host_s=max(0.0, t_prep - last - self._idle_s),
+                    host_s=max(0.0, t_prep - now_s),
                     prepare_s=t_fwd - t_prep,
                     forward_s=t_end - t_fwd,
                     num_seqs=len(inputs),
@@ -234,24 +240,20 @@ class Engine:
                     phase=out.phase.value if out.phase is not None else "",
                 )
             )
-        self._last_end_s, self._idle_s = t_end, 0.0
-        return StepResult([t_end], token_ids)
+        return StepResult([t_end], token_ids, forward_s=t_end - t_prep)
 
     def step(self) -> tuple[SchedulerOutput, list[Seq]]:
-        """Plan and run one step now. Returns the output and the requests that
-        finished; ended requests go to :attr:`records`.
+        """Plan and run one step now (online use). Returns the output and the
+        requests that ended in it; ended requests go to :attr:`records`.
 
         An empty output means nothing could run now (no work, or waiting for
         an arrival).
         """
-        out = self.scheduler.schedule(self.now_s())
-        if out.is_empty:
-            self.flush_records()
+        out, result = step_once(self.scheduler, self, self.now_s(), on_step=self.on_step)
+        ended = self.flush_records()
+        if result is None:
             return out, []
-        result = self.execute(out, self.now_s())
-        finished = self.scheduler.update(out, result.end_times_s, result.sampled_token_ids)
-        self.flush_records()
-        return out, finished
+        return out, [s for s in ended if s.status is SeqStatus.FINISHED]
 
     def flush_records(self) -> list[Seq]:
         """Move requests that ended (finished, rejected, aborted) into :attr:`records`
@@ -363,7 +365,7 @@ class Engine:
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         for request in reqs:
             self.check_request(request)
-        self.t0, self._last_end_s, self._idle_s = self._clock(), None, 0.0
+        self.t0 = self._clock()
 
         def ended(seqs: list[Seq]) -> None:
             self.records.extend(seqs, self.scheduler.step_log)
@@ -372,7 +374,7 @@ class Engine:
             if progress is not None:
                 progress(len(seqs))
 
-        drive(self.scheduler, reqs, self, self, ended)
+        drive(self.scheduler, reqs, self, self, ended, self.on_step)
         self.scheduler.check_invariants()
         return RunResult(
             records=self.records.frame(),

@@ -20,7 +20,7 @@ one untimed pass over every shape); the timed repetitions visit the shapes in
 a fresh random order each, so a burst of load from other processes lands on
 different shapes, and each shape keeps the median.
 
-The fit and the file format are in :mod:`roseinfer.simulator.profiled`.
+The fit and the file format are in :mod:`roseinfer.calibration` (``profile.py``, ``step_model.py``, ``roofline_fit.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -39,15 +37,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from roseinfer.calibration import OverheadSample, Profile, ProfileSample
+from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.specs import ModelSpec
 from roseinfer.config import SchedulerConfig
+from roseinfer.driver import StepResult, VirtualClock, drive
 from roseinfer.executor.engine import synchronize
+from roseinfer.executor.facts import (
+    builtin_device_spec,
+    environment_facts,
+    executor_facts,
+    model_spec_of,
+)
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 from roseinfer.executor.warmup import scratch_inputs, warm_up
+from roseinfer.records import RecordBuilder
+from roseinfer.registry import load_registry
 from roseinfer.request import Request
-from roseinfer.simulator.cost_model import BatchShape
-from roseinfer.simulator.engine import simulate
-from roseinfer.simulator.profiled import OverheadSample, Profile, ProfileSample
-from roseinfer.simulator.specs import DeviceSpec, ModelSpec
+from roseinfer.scheduler import Scheduler, SchedulerOutput
 
 DEFAULT_REPETITIONS = 3
 MIN_PREFILL_TOKENS = 2  # a 1-token chunk runs as a decode in the runner
@@ -265,29 +272,48 @@ def _timed_passes(
 # ------------------------------------------------------------- host overhead
 
 
-class _ProbeCostModel:
-    """Prices every step at ``step_s`` and records the wall clock at each call.
+class _ProbeBackend:
+    """Prices every step at ``step_s`` and records the wall clock at each step.
 
-    In a simulation with ``jump=False`` the cost model is called once per step,
-    so the wall time between two calls is one step of host work: releasing
-    arrivals, planning, applying the result, ending requests.
+    Driven by the shared drive loop one step at a time (no multi-step decode
+    runs), so the wall time between two calls is one step of host work:
+    releasing arrivals, planning, applying the result, ending requests.
     """
-
-    name = "probe"
 
     def __init__(self, step_s: float) -> None:
         self.step_s = step_s
         self.calls: list[tuple[float, BatchShape]] = []
 
-    def step_time_s(self, shape: BatchShape) -> float:
-        self.calls.append((time.perf_counter(), shape))
-        return self.step_s
+    def decode_run_length(
+        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+    ) -> int:
+        return 1
 
-    def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
-        raise AssertionError("the probe needs jump=False")
+    def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
+        self.calls.append((time.perf_counter(), _batch_shape(out)))
+        return StepResult([now_s + self.step_s])
 
-    def describe(self) -> str:
-        return f"probe ({self.step_s} s per step)"
+
+def _batch_shape(out: SchedulerOutput) -> BatchShape:
+    prefills = out.prefills
+    return BatchShape(
+        np.array([p.num_new_tokens for p in prefills], dtype=np.int64),
+        np.array([p.num_context_tokens for p in prefills], dtype=np.int64),
+        np.array([d.num_context_tokens for d in out.decodes], dtype=np.int64),
+    )
+
+
+def _probe_run(requests: list[Request], config: SchedulerConfig) -> _ProbeBackend:
+    """Replay ``requests`` through the shared scheduler with a probe backend
+    (what the executor's loop does besides the model), keeping records."""
+    policy = load_registry().make(config.policy, config.loop_order, config.options)
+    scheduler = Scheduler(config, policy, policy.label)
+    records = RecordBuilder()
+    probe = _ProbeBackend(1e-3)
+    drive(
+        scheduler, requests, probe, VirtualClock(), lambda s: records.extend(s, scheduler.step_log)
+    )
+    return probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,8 +370,7 @@ def measure_host_overhead(
     reqs = _host_workload(config.max_num_seqs, config.max_model_len, vocab_size, seed)
     runs = []
     for _ in range(repetitions):
-        probe = _ProbeCostModel(1e-3)
-        simulate(reqs, probe_config, probe, jump=False)
+        probe = _probe_run(reqs, probe_config)
         runs.append(np.diff([t for t, _ in probe.calls]))
     gaps = np.median(np.vstack(runs), axis=0)
     shapes = [shape for _, shape in probe.calls[:-1]]
@@ -448,47 +473,6 @@ def _advance(bar, n: int) -> None:  # type: ignore[no-untyped-def]
     bar.update(n)
 
 
-def environment_facts(device: torch.device) -> dict[str, object]:
-    """Versions, threads and machine facts that a step time depends on."""
-    cuda = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "num_threads": torch.get_num_threads(),
-        "num_interop_threads": torch.get_num_interop_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "cuda_device": cuda,
-        "load_average": list(load) if load else None,
-    }
-
-
-def builtin_device_spec(device: torch.device) -> DeviceSpec | None:
-    """The built-in roofline spec of this device kind (datasheet peaks), if one matches."""
-    from roseinfer.simulator.specs import get_device_spec
-
-    if device.type == "cpu":
-        return get_device_spec("cpu")
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    for key, spec in (("h200", "h200"), ("h100", "h100-sxm"), ("a100", "a100-80gb")):
-        if key in name:
-            return get_device_spec(spec)
-    return None
-
-
-def model_spec_of(name: str, hf_config: object, dtype: torch.dtype) -> ModelSpec:
-    """The simulator's shape of a transformers config, at the run's dtype."""
-    from roseinfer.simulator.specs import model_spec_from_hf_config
-
-    spec = model_spec_from_hf_config(hf_config.to_dict())  # type: ignore[attr-defined]
-    return dataclasses.replace(spec, name=name, dtype_bytes=torch.finfo(dtype).bits // 8)
-
-
 def run_profile(
     runner: ModelRunner,
     config: SchedulerConfig,
@@ -541,7 +525,7 @@ def run_profile(
         "host": dataclasses.asdict(host),
         "warmup": [dataclasses.asdict(w) for w in warmup],
     }
-    executor = _executor_facts(runner, config, max_num_batched_tokens, kv_cache_budget_bytes)
+    executor = executor_facts(runner, config, max_num_batched_tokens, kv_cache_budget_bytes)
     return Profile.create(
         model_name=model_name, model_spec=model_spec, executor=executor,
         environment={**environment_facts(runner.device), "load_average_before": load_before},
@@ -567,27 +551,6 @@ def _timed_samples(
     ) as bar:
         timed = time_grid(runner, shapes, repetitions, seed, lambda n: _advance(bar, n))
     return [ProfileSample(kind, batch_shape_of(seqs), tuple(t)) for kind, seqs, t in timed]
-
-
-def _executor_facts(
-    runner: ModelRunner,
-    config: SchedulerConfig,
-    max_num_batched_tokens: int,
-    kv_cache_budget_bytes: int | None,
-) -> dict[str, object]:
-    """The profile's ``executor`` section: what rose-sim takes as its defaults."""
-    return {
-        "device": str(runner.device),
-        "dtype": str(runner.dtype).removeprefix("torch."),
-        "attention_backend": runner.attention_backend,
-        "num_kv_blocks": config.num_kv_blocks,
-        "block_size": config.block_size,
-        "kv_cache_bytes": runner.kv_cache_bytes,
-        "kv_cache_budget_bytes": kv_cache_budget_bytes or runner.kv_cache_bytes,
-        "max_model_len": config.max_model_len,
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-    }
 
 
 # ---------------------------------------------------------------------- CLI
@@ -692,6 +655,8 @@ def summary_lines(profile: Profile, path: Path) -> str:
     for name, err in fit.held_out.items():
         mark = " <- chosen" if name == fit.model.name else ""
         lines.append(f"  {name:8s} {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}{mark}")
+    if roof is None:  # a profile always has a model shape; a pooled calibration may not
+        return "\n".join(lines)
     dev, err = roof.device, roof.held_out
     lines.append(
         f"  roofline {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}  "

@@ -1,11 +1,11 @@
 """The executor side of the fidelity report: replay a request list as ``rose-run`` does.
 
-:class:`ExecutorReplay` is a :data:`roseinfer.simulator.fidelity.RealRun`: each
+:class:`ExecutorReplay` is a ``roseinfer.experiments.fidelity.RealRun``: each
 call builds a fresh :class:`~roseinfer.executor.engine.Engine` (fresh scheduler,
 empty prefix cache) on one model and KV pool kept across calls, warms up with
 the configuration's largest step shapes before the clock starts
 (:mod:`roseinfer.executor.warmup`, as ``rose-run`` does), and replays the
-requests open-loop on the real clock. Reusing the pool is safe: every block is
+requests open-loop on the real clock, recording its step log. Reusing the pool is safe: every block is
 written before it is read, so one run's K/V never reaches another's outputs.
 """
 
@@ -17,13 +17,14 @@ from collections.abc import Sequence
 
 import torch
 
+from roseinfer.calibration.report import RunOutput
+from roseinfer.calibration.steplog import StepRecorder
 from roseinfer.config import SchedulerConfig
 from roseinfer.executor.engine import Engine
 from roseinfer.executor.model_runner import ModelRunner
 from roseinfer.executor.warmup import warm_up
 from roseinfer.registry import Registry
 from roseinfer.request import Request
-from roseinfer.simulator.fidelity import RunOutput
 
 
 class ExecutorReplay:
@@ -70,7 +71,7 @@ class ExecutorReplay:
         return runner
 
     def __call__(self, requests: Sequence[Request], config: SchedulerConfig) -> RunOutput:
-        """Replay ``requests`` under ``config``; records hold real seconds.
+        """Replay ``requests`` under ``config``; records and steps hold real seconds.
 
         Raises:
             ValueError: if a request does not fit the model (see ``Engine.run``).
@@ -80,7 +81,8 @@ class ExecutorReplay:
         if self.warmup:
             warm_up(runner, config)
         warmup_s = time.perf_counter() - start
-        engine = Engine(runner, config, self.registry, seed=self.seed)
+        recorder = StepRecorder(keep=True)
+        engine = Engine(runner, config, self.registry, seed=self.seed, on_step=recorder)
         result = engine.run(requests)
         info = {
             "warmup_s": warmup_s,
@@ -88,4 +90,4 @@ class ExecutorReplay:
             "num_steps": result.scheduler.step_log.num_steps,
             "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         }
-        return RunOutput(result.records, result.duration_s, info)
+        return RunOutput(result.records, result.duration_s, info, recorder.records)

@@ -59,7 +59,7 @@ def plot_p99_vs_rate(
     Args:
         sweep_df: one row per run with ``request_rate`` (req/s), the ``by``
             column and summary keys such as ``p99_ttft_ms``
-            (``roseinfer.simulator.sweep.run_grid`` makes one).
+            (``roseinfer.experiments.sweep.run_grid`` makes one).
         metric: ``ttft``, ``tpot``, ``itl``, ``e2el`` or ``queue``.
         quantile: ``p99``, ``p50``, ``mean``, ``median``... (the key prefix).
         by: column naming the lines (``policy``, ``variant``...).

@@ -1,12 +1,20 @@
-"""The one drive loop both backends replay a workload with.
+"""The one step cycle and drive loop both backends replay a workload with.
 
-``drive`` releases each request at its arrival time, asks the scheduler for a
-step, has the backend execute it, applies the result and hands every ended
-request to a callback (which turns it into a record). The simulator and the
-executor differ only in the :class:`Backend` (a cost model or a model runner)
-and the :class:`Clock` (virtual time that jumps, or the wall clock). An
-arrival that falls inside a step is seen at the end of that step, as in a
-serving engine that checks its queue between forward passes.
+``step_once`` plans one scheduler output, has the backend execute it, applies
+the result and reports the step (to a step log, say); ``drive`` releases each
+request at its arrival time and calls ``step_once`` until every request ended,
+handing ended requests to a callback (which turns them into records). The
+simulator and the executor differ only in the :class:`Backend` (a cost model
+or a model runner) and the :class:`Clock` (virtual time that jumps, or the
+wall clock).
+
+Arrivals are seen at step boundaries, the same way in both backends: a step
+starts where the previous one ended (or, when the engine was idle, at the
+arrival that woke it), and a request is released into the scheduler at the
+first boundary at or after its arrival. So an arrival that falls inside a step
+(or inside the host work that follows its forward) is seen when that step
+ends, as in a serving engine that checks its queue between forward passes,
+and the host work between two forwards belongs to the step it prepares.
 """
 
 from __future__ import annotations
@@ -31,10 +39,18 @@ class StepResult:
             ``num_steps`` steps.
         sampled_token_ids: one token id per sampling item (``out.sampling``), or
             None when the backend only counts tokens (the simulator).
+        forward_s: seconds of device work in the (single) step: inputs, forward,
+            sampling, synchronize; None when the backend does not split it out.
     """
 
     end_times_s: Sequence[float]
     sampled_token_ids: Sequence[int] | None = None
+    forward_s: float | None = None
+
+
+StepObserver = Callable[[SchedulerOutput, float, StepResult], None]
+"""``observer(out, start_s, result)``: called once per applied scheduler output
+with its start time (s) and result, e.g. to write a step log."""
 
 
 class Backend(Protocol):
@@ -80,12 +96,46 @@ class VirtualClock:
         self._now_s = max(self._now_s, time_s)
 
 
+def step_once(
+    scheduler: Scheduler,
+    backend: Backend,
+    now_s: float,
+    next_arrival_s: float = math.inf,
+    on_step: StepObserver | None = None,
+) -> tuple[SchedulerOutput, StepResult | None]:
+    """Plan one scheduler output at ``now_s``, execute it and apply its result.
+
+    Uneventful decode steps may be planned as one multi-step output when the
+    scheduler allows it (:meth:`Scheduler.max_uneventful_decode_steps`) and the
+    backend agrees (``decode_run_length``, which stops before ``next_arrival_s``).
+
+    Returns:
+        The output and its result; the result is None when the output is empty
+        (nothing can run now).
+
+    Raises:
+        PolicyError: if a policy answer is invalid.
+    """
+    num_steps = scheduler.max_uneventful_decode_steps()
+    if num_steps > 1:
+        num_steps = backend.decode_run_length(scheduler, now_s, next_arrival_s, num_steps)
+    out = scheduler.schedule(now_s, num_steps)
+    if out.is_empty:
+        return out, None
+    result = backend.execute(out, now_s)
+    scheduler.update(out, result.end_times_s, result.sampled_token_ids)
+    if on_step is not None:
+        on_step(out, now_s, result)
+    return out, result
+
+
 def drive(
     scheduler: Scheduler,
     requests: Sequence[Request],
     backend: Backend,
     clock: Clock,
     on_ended: Callable[[list[Seq]], None],
+    on_step: StepObserver | None = None,
 ) -> None:
     """Replay ``requests`` (sorted by arrival) to the end of the last one.
 
@@ -93,9 +143,11 @@ def drive(
         scheduler: a fresh scheduler.
         requests: the workload, sorted by ``arrival_time_s``.
         backend: executes each step.
-        clock: the run's clock; arrivals are released when it reaches them.
+        clock: the run's clock, at t=0 when the run starts; the loop waits on it
+            for idle gaps.
         on_ended: called with the requests that ended (finished, rejected), in
             the order they ended, after each step and after each arrival batch.
+        on_step: called after each applied output (see :data:`StepObserver`).
 
     Raises:
         PolicyError: if requests wait, nothing runs and the policy admits
@@ -103,28 +155,25 @@ def drive(
     """
     scheduler.policy.prepare(requests)  # e.g. fit a length predictor
     i, num_requests = 0, len(requests)
+    # The run starts at t=0 on the clock (the executor's clock starts just before):
+    # a real run and its simulation then share every step boundary.
+    now = 0.0
     while True:
-        now = clock.now_s()
         while i < num_requests and requests[i].arrival_time_s <= now:
             scheduler.add_request(requests[i], requests[i].arrival_time_s)
             i += 1
         next_arrival = requests[i].arrival_time_s if i < num_requests else math.inf
-        num_steps = scheduler.max_uneventful_decode_steps()
-        if num_steps > 1:
-            num_steps = backend.decode_run_length(scheduler, now, next_arrival, num_steps)
-        out = scheduler.schedule(now, num_steps)
-        if out.is_empty:
-            _flush(scheduler, on_ended)
+        _out, result = step_once(scheduler, backend, now, next_arrival, on_step)
+        _flush(scheduler, on_ended)
+        if result is None:
             if i >= num_requests:
                 if scheduler.has_unfinished():
                     raise PolicyError(scheduler.stall_message())
                 return
-            clock.advance_to(next_arrival)
-            continue
-        result = backend.execute(out, now)
-        scheduler.update(out, result.end_times_s, result.sampled_token_ids)
-        clock.advance_to(result.end_times_s[-1])
-        _flush(scheduler, on_ended)
+            now = next_arrival  # idle until the next arrival
+        else:
+            now = float(result.end_times_s[-1])
+        clock.advance_to(now)
 
 
 def _flush(scheduler: Scheduler, on_ended: Callable[[list[Seq]], None]) -> None:

@@ -145,7 +145,7 @@ class Sequence:
         if ids is None:
             raise ValueError(
                 f"request {self.request_id} has no prompt token ids; the executor needs "
-                "them (roseinfer.executor.workload_fit.with_token_ids makes them up for a trace)"
+                "them (roseinfer.workloads.fit.with_token_ids makes them up for a trace)"
             )
         end = self.num_tokens if end is None else end
         num_prompt = len(ids)

@@ -23,11 +23,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see roseinfer.executor.cl
 
 import torch  # noqa: E402
 
+from roseinfer.calibration.steplog import StepRecorder  # noqa: E402
 from roseinfer.cli import (  # noqa: E402
     MAX_SEED,
     ArgumentParser,
     CliError,
     add_engine_args,
+    config_facts,
     int_in,
     policy_options,
     run_main,
@@ -41,6 +43,7 @@ from roseinfer.executor.cli import (  # noqa: E402
     set_num_threads,
 )
 from roseinfer.executor.engine import Engine  # noqa: E402
+from roseinfer.executor.facts import model_spec_of, step_log_recorder  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
 from roseinfer.registry import Registry  # noqa: E402
@@ -71,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         "tokenizer, else synthetic: token i is the word t<i>)",
     )
     g.add_argument("--save-records", help="write per-request records at shutdown (.csv/.parquet)")
+    g.add_argument(
+        "--save-steps",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="write every executed step as a step log while serving (JSON lines; "
+        "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
+    )
     g.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_engine_args(parser)
     _add_executor_args(parser.add_argument_group("executor"))
@@ -107,7 +117,15 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
     sched_config, runner = build_runner(args, registry, model, config, device, dtype)
     if not args.no_warmup:
         _warm_up(runner, sched_config)
-    engine = Engine(runner, sched_config, registry, seed=args.seed)
+    recorder = None
+    if args.save_steps is not None:
+        recorder = step_log_recorder(
+            args.save_steps, backend="rose-serve", model_name=args.model,
+            model_spec=model_spec_of(args.model, config, dtype), runner=runner,
+            config=sched_config, max_num_batched_tokens=sched_config.max_num_batched_tokens,
+            fit_lengths="off", scheduler_facts=config_facts(sched_config),
+        )  # fmt: skip
+    engine = Engine(runner, sched_config, registry, seed=args.seed, on_step=recorder)
     return StreamingEngine(engine, tokenizer, max_waiting=args.max_waiting), config
 
 
@@ -125,7 +143,7 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
         vocab_size=int(config.vocab_size),  # type: ignore[attr-defined]
         max_model_len=se.engine.scheduler.config.max_model_len,
     )
-    app = build_app(ServerState(se, ctx, ServerMetrics(se)), lambda: _save_records(args, se))
+    app = build_app(ServerState(se, ctx, ServerMetrics(se)), lambda: _save_outputs(args, se))
     print(
         f"rose-serve: {ctx.name} on {se.engine.runner.device}, policy {se.engine.policy.label}, "
         f"{se.engine.scheduler.config.num_kv_blocks} KV blocks, http://{args.host}:{args.port}",
@@ -148,20 +166,28 @@ def check_serve_args(args: argparse.Namespace, registry: Registry) -> None:
         raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
     policy_options(args, registry)
     resolve_device(args.device)
-    if args.save_records is not None:
-        _check_records_path(args.save_records)
+    _check_output_paths(args)
 
 
-def _check_records_path(path: str) -> None:
+def _check_output_paths(args: argparse.Namespace) -> None:
     from roseinfer.metrics.io import RECORD_SUFFIXES, check_output_path
 
     try:
-        check_output_path(Path(path), "--save-records", RECORD_SUFFIXES)
+        if args.save_records is not None:
+            check_output_path(Path(args.save_records), "--save-records", RECORD_SUFFIXES)
+        if args.save_steps is not None:
+            check_output_path(args.save_steps, "--save-steps", (".jsonl",))
     except ValueError as err:
         raise CliError(str(err)) from None
 
 
-def _save_records(args: argparse.Namespace, se: StreamingEngine) -> None:
+def _save_outputs(args: argparse.Namespace, se: StreamingEngine) -> None:
+    """At shutdown: close the step log, write the records."""
+    recorder = se.engine.on_step
+    if isinstance(recorder, StepRecorder) and recorder.writer is not None:
+        recorder.writer.close()
+        print(f"rose-serve: wrote {recorder.writer.num_steps} steps to {args.save_steps}",
+              file=sys.stderr)  # fmt: skip
     if args.save_records is None:
         return
     from roseinfer.metrics import write_records

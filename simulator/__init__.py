@@ -7,14 +7,19 @@ built-in model and device specs, and the profiled ones fitted from ``rose-run
 profile`` (``load_profile(path).cost_model()``). No torch here.
 """
 
-from roseinfer.simulator.cost_model import BatchShape, CostModel, RooflineCostModel, make_cost_model
-from roseinfer.simulator.engine import SimResult, Simulator, simulate
-from roseinfer.simulator.profiled import (
+from roseinfer.calibration import (
     CalibratedRooflineCostModel,
     Profile,
     ProfiledCostModel,
     load_profile,
 )
+from roseinfer.calibration.cost_model import (
+    BatchShape,
+    CostModel,
+    RooflineCostModel,
+    make_cost_model,
+)
+from roseinfer.simulator.engine import SimResult, Simulator, simulate
 
 __all__ = [
     "BatchShape",

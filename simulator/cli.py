@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -23,32 +24,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from roseinfer.cli import (
-    ArgumentParser,
-    CliError,
-    add_common_args,
-    build_workload,
-    config_facts,
-    float_in,
-    kv_blocks_from_bytes,
-    report,
-    run_main,
-    scheduler_config,
-    scheduler_knobs,
-)
-from roseinfer.config import DEFAULT_BLOCK_SIZE
-from roseinfer.registry import Registry
-from roseinfer.sequence import Sequence
-from roseinfer.simulator.cluster_cli import (
-    add_cluster_args,
-    replica_specs,
-    run_cluster,
-    wants_cluster,
-)
-from roseinfer.simulator.cost_model import CostModel, make_cost_model
-from roseinfer.simulator.engine import simulate
-from roseinfer.simulator.profiled import ProfileError, load_profile
-from roseinfer.simulator.specs import (
+from roseinfer.calibration import Profile, ProfileError
+from roseinfer.calibration.cost_model import CostModel, make_cost_model
+from roseinfer.calibration.profile import load_calibration
+from roseinfer.calibration.specs import (
     DEVICES,
     MODELS,
     DeviceSpec,
@@ -57,6 +36,31 @@ from roseinfer.simulator.specs import (
     get_model_spec,
     model_spec_from_hf_config,
 )
+from roseinfer.calibration.steplog import StepLogWriter, StepRecorder, make_header
+from roseinfer.cli import (
+    ArgumentParser,
+    CliError,
+    add_common_args,
+    build_workload,
+    config_facts,
+    fit_workload,
+    float_in,
+    kv_blocks_from_bytes,
+    report,
+    run_main,
+    scheduler_config,
+    scheduler_knobs,
+)
+from roseinfer.config import DEFAULT_BLOCK_SIZE, SchedulerConfig
+from roseinfer.registry import Registry
+from roseinfer.sequence import Sequence
+from roseinfer.simulator.cluster_cli import (
+    add_cluster_args,
+    replica_specs,
+    run_cluster,
+    wants_cluster,
+)
+from roseinfer.simulator.engine import simulate
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_DEVICE = "h100-sxm"
@@ -85,10 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--cost-model",
         type=Path,
-        metavar="PROFILE.json",
-        help="price steps with a profile from `rose-run profile`: its fitted step times for "
-        "the profiled model, its calibrated roofline for another --model; the profiled KV "
-        "pool, block size and max model length become the defaults",
+        nargs="+",
+        action="extend",
+        metavar="FILE",
+        help="price steps with a calibration: a profile from `rose-run profile` (PROFILE.json) "
+        "and/or step logs of real runs (`--save-steps FILE.jsonl`; several are pooled and "
+        "fitted together). Its fitted step times price the calibrated model, its calibrated "
+        "roofline another --model; the calibrated KV pool, block size, max model length and "
+        "--fit-lengths become the defaults",
     )
     g.add_argument(
         "--gpu-memory-utilization",
@@ -157,6 +165,7 @@ class _Setup:
     num_kv_blocks: int
     max_model_len: int
     extra: dict[str, Any]
+    fit_lengths: str = "off"
 
 
 def _roofline_setup(args: argparse.Namespace) -> _Setup:
@@ -170,23 +179,26 @@ def _roofline_setup(args: argparse.Namespace) -> _Setup:
 
 
 def _profile_setup(args: argparse.Namespace) -> _Setup:
-    """The profile's cost model and scheduler defaults; explicit flags that differ
-    from the profiled executor are recorded as ``profile_overrides``.
+    """The calibration's cost model and scheduler defaults; explicit flags that differ
+    from the calibrated executor are recorded as ``profile_overrides``.
 
     Raises:
-        CliError: with --device (the profile is the device), or a bad profile file.
+        CliError: with --device (the calibration is the device), a bad file, or a
+            calibration without a model shape and no --model.
     """
     if args.device is not None:
         raise CliError("--cost-model prices the profiled device; drop --device")
     try:
-        profile = load_profile(args.cost_model)
+        profile = load_calibration(args.cost_model)
     except ProfileError as err:
         raise CliError(str(err)) from None
-    model = profile.model_spec
-    if args.model is not None:
-        model = replace(load_model_spec(args.model), dtype_bytes=profile.model_spec.dtype_bytes)
+    model, other = _calibrated_model(args, profile)
     max_num_seqs = scheduler_knobs(args)["max_num_seqs"]
-    defaults = profile.scheduler_defaults(model, args.block_size, max_num_seqs)
+    try:
+        defaults = profile.scheduler_defaults(other, args.block_size, max_num_seqs)
+        cost_model = profile.cost_model(other)
+    except ProfileError as err:
+        raise CliError(str(err)) from None
     args.block_size = defaults["block_size"]
     num_blocks = defaults["num_kv_blocks"]
     if args.kv_cache_memory_gb is not None:
@@ -194,7 +206,7 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
             args.kv_cache_memory_gb * 2**30, model.kv_bytes_per_token, args.block_size
         )
     wanted = {
-        "model": None if profile.same_shape(model) else model.name,
+        "model": None if other is None else model.name,
         "block_size": args.block_size,
         "num_kv_blocks": num_blocks if args.num_kv_blocks is None else args.num_kv_blocks,
         "max_model_len": args.max_model_len,
@@ -205,21 +217,46 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
         for k, v in wanted.items()
         if v is not None and v != profiled[k]
     }
-    extra = {"cost_model_file": str(args.cost_model), "profile_overrides": overrides}
-    return _Setup(
-        profile.cost_model(model),
-        model,
-        f"{profile.executor['device']} (profiled)",
-        num_blocks,
-        defaults["max_model_len"],
-        extra,
-    )
+    extra = {
+        "cost_model_file": ",".join(str(p) for p in args.cost_model),
+        "profile_overrides": overrides,
+    }
+    device = f"{profile.executor.get('device', '?')} (profiled)"
+    return _Setup(cost_model, model, device, num_blocks, defaults["max_model_len"], extra,
+                  profile.fit_lengths)  # fmt: skip
+
+
+def _calibrated_model(
+    args: argparse.Namespace, profile: Profile
+) -> tuple[ModelSpec, ModelSpec | None]:
+    """The model to simulate, and that model again when it is *another* shape than
+    the calibrated one (priced by the calibrated roofline), else None.
+
+    A calibration without a model shape (an engine's step log) prices its own
+    model only: ``--model`` then names that model's shape.
+
+    Raises:
+        CliError: without a model shape in the calibration or from --model.
+    """
+    if profile.model_spec is None:
+        if args.model is None:
+            raise CliError(
+                f"{args.cost_model[0]} records no model shape; name it with --model (a "
+                "built-in name or a transformers config.json)"
+            )
+        return load_model_spec(args.model), None
+    if args.model is None:
+        return profile.model_spec, None
+    model = replace(load_model_spec(args.model), dtype_bytes=profile.model_spec.dtype_bytes)
+    return model, None if profile.same_shape(model) else model
 
 
 def _run(args: argparse.Namespace, registry: Registry) -> None:
     requests, workload_name = build_workload(args)
     setup = _profile_setup(args) if args.cost_model is not None else _roofline_setup(args)
     model, cost_model = setup.model, setup.cost_model
+    max_model_len = args.max_model_len or setup.max_model_len
+    requests, fit_note = fit_workload(args, requests, max_model_len, default=setup.fit_lengths)
     config = scheduler_config(
         args,
         registry,
@@ -232,11 +269,17 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         title = f"rose-sim: {config.policy} | {workload_name}"
         run_cluster(args, registry, requests, specs, title=title, extra=facts)
         return
-    with _progress(len(requests), quiet=args.quiet) as on_ended:
-        result = simulate(
-            requests, config, cost_model, registry=registry, jump=not args.no_jump,
-            keep_token_times=args.save_records is not None, on_ended=on_ended,
-        )  # fmt: skip
+    recorder = _step_recorder(args, model, setup, config)
+    try:
+        with _progress(len(requests), quiet=args.quiet) as on_ended:
+            result = simulate(
+                requests, config, cost_model, registry=registry, jump=not args.no_jump,
+                keep_token_times=args.save_records is not None, on_ended=on_ended,
+                on_step=recorder,
+            )  # fmt: skip
+    finally:
+        if recorder is not None and recorder.writer is not None:
+            recorder.writer.close()
     extra = {
         "backend": "sim",
         "policy": result.policy,
@@ -246,6 +289,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "cost_model": cost_model.describe(),
         "cost_model_kind": cost_model.name,
         **setup.extra,
+        "fit_lengths": fit_note,
         "scheduler_preset": args.scheduler_preset or "seeds",
         **config_facts(config),
         "sim_wall_s": result.wall_s,
@@ -261,6 +305,30 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
             f"simulated {len(requests)} requests, {result.num_steps} steps "
             f"in {result.wall_s:.2f} s wall"
         )
+
+
+def _step_recorder(
+    args: argparse.Namespace, model: ModelSpec, setup: _Setup, config: SchedulerConfig
+) -> StepRecorder | None:
+    """``--save-steps``: a step log of the simulated steps, in the schema real runs write."""
+    if args.save_steps is None:
+        return None
+    header = make_header(
+        "rose-sim",
+        model={"name": model.name, "spec": dataclasses.asdict(model)},
+        executor={
+            "device": setup.device_name,
+            "cost_model": setup.cost_model.describe(),
+            "num_kv_blocks": config.num_kv_blocks,
+            "block_size": config.block_size,
+            "max_model_len": config.max_model_len,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "fit_lengths": args.fit_lengths or setup.fit_lengths,
+        },
+        scheduler=config_facts(config),
+    )
+    return StepRecorder(StepLogWriter(args.save_steps, header))
 
 
 @contextlib.contextmanager
@@ -283,10 +351,10 @@ def _progress(num_requests: int, *, quiet: bool) -> Iterator[Callable[[list[Sequ
 
 def main() -> int:
     """Entry point of ``rose-sim`` (``rose-sim sweep ...`` and ``rose-sim capacity ...``
-    are subcommands; see ``roseinfer.simulator.sweep_cli``)."""
+    are subcommands; see ``roseinfer.experiments.sweep_cli``)."""
     argv = sys.argv[1:]
     if argv and argv[0] in ("sweep", "capacity"):
-        from roseinfer.simulator import sweep_cli
+        from roseinfer.experiments import sweep_cli
 
         command = sweep_cli.sweep_main if argv[0] == "sweep" else sweep_cli.capacity_main
         return command(argv[1:])

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from roseinfer.block_manager import compute_block_hashes
+from roseinfer.calibration.cost_model import CostModel
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult
 from roseinfer.interface import PolicyError
@@ -38,7 +39,6 @@ from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.routing import ReplicaView, Router
 from roseinfer.scheduler import Scheduler, SchedulerOutput
-from roseinfer.simulator.cost_model import CostModel
 from roseinfer.simulator.engine import CostModelBackend
 
 

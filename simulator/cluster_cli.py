@@ -38,14 +38,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from roseinfer.calibration.cost_model import make_cost_model
+from roseinfer.calibration.specs import get_device_spec
 from roseinfer.cli import CliError, config_facts, report
 from roseinfer.config import SchedulerConfig
 from roseinfer.registry import Registry
 from roseinfer.request import Request
 from roseinfer.routing import Router
 from roseinfer.simulator.cluster import ClusterResult, ReplicaSpec, simulate_cluster
-from roseinfer.simulator.cost_model import make_cost_model
-from roseinfer.simulator.specs import get_device_spec
 
 REPLICA_KEYS = {"model", "device", "num_kv_blocks", "count", "name"}
 PER_REPLICA_KEYS = (

@@ -1,7 +1,7 @@
 """Discrete-event simulation: the shared scheduler with a cost-model clock.
 
 Events are arrivals and step completions. Each step's duration comes from the
-:class:`~roseinfer.simulator.cost_model.CostModel`; the clock jumps to its end.
+:class:`~roseinfer.calibration.cost_model.CostModel`; the clock jumps to its end.
 Runs of pure decode steps where nothing can change (no admission possible, no
 request finishing, no arrival) are planned as one multi-step output and timed
 with the vectorized ``decode_run_times_s``, which is what keeps a whole
@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from roseinfer.calibration.cost_model import BatchShape, CostModel
 from roseinfer.config import SchedulerConfig
-from roseinfer.driver import StepResult, VirtualClock, drive
+from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
 from roseinfer.metrics.histogram import LogHistogram
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
 from roseinfer.sequence import Sequence
-from roseinfer.simulator.cost_model import BatchShape, CostModel
 
 
 @dataclass(slots=True)
@@ -145,12 +145,14 @@ class Simulator:
         self,
         requests: SequenceABC[Request],
         on_ended: Callable[[list[Sequence]], None] | None = None,
+        on_step: StepObserver | None = None,
     ) -> SimResult:
         """Simulate ``requests`` (any order; sorted by arrival) to completion.
 
         Args:
             on_ended: also called with each batch of requests that ended (e.g. a
                 progress bar).
+            on_step: called after each applied output (e.g. a step-log writer).
 
         Raises:
             PolicyError: if a policy answer is invalid or the run stalls.
@@ -166,7 +168,7 @@ class Simulator:
                 on_ended(seqs)
 
         backend = CostModelBackend(self.cost_model, jump=self.jump)
-        drive(sched, reqs, backend, VirtualClock(), ended)
+        drive(sched, reqs, backend, VirtualClock(), ended, on_step)
         sched.check_invariants()
         return SimResult(
             records=records.frame(),
@@ -188,7 +190,8 @@ def simulate(
     jump: bool = True,
     keep_token_times: bool = True,
     on_ended: Callable[[list[Sequence]], None] | None = None,
+    on_step: StepObserver | None = None,
 ) -> SimResult:
-    """Run one simulation; see :class:`Simulator` (``on_ended``: see its ``run``)."""
+    """Run one simulation; see :class:`Simulator` (``on_ended``, ``on_step``: see its ``run``)."""
     sim = Simulator(config, cost_model, registry, jump=jump, keep_token_times=keep_token_times)
-    return sim.run(requests, on_ended)
+    return sim.run(requests, on_ended, on_step)

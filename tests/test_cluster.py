@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 from roseinfer import hookimpl
+from roseinfer.calibration.cost_model import make_cost_model
 from roseinfer.config import SchedulerConfig
 from roseinfer.registry import UnknownPolicyError, load_registry, make_plugin_manager
 from roseinfer.request import Request
 from roseinfer.routing import ReplicaView, Router
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
-from roseinfer.simulator.cost_model import make_cost_model
 from roseinfer.simulator.engine import simulate
 from tests.test_rose_sim import rose_sim
 

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roseinfer.simulator.cost_model import (
+from roseinfer.calibration.cost_model import (
     BatchShape,
     CostModel,
     RooflineCostModel,
     loop_decode_run_times_s,
     make_cost_model,
 )
-from roseinfer.simulator.specs import (
+from roseinfer.calibration.specs import (
     DEVICES,
     MODELS,
     ModelSpec,

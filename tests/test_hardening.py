@@ -534,8 +534,8 @@ def test_a_csv_row_wider_than_the_header_names_its_line(tmp_path: Path) -> None:
 def test_sim_default_pool_with_the_parser_default_block_size() -> None:
     """benchmarks/sim_speed.py's child calls default_num_kv_blocks on parsed flags,
     whose block size is None until a setup fills it: that was a TypeError."""
+    from roseinfer.calibration.specs import get_device_spec, get_model_spec
     from roseinfer.simulator.cli import build_parser, default_num_kv_blocks
-    from roseinfer.simulator.specs import get_device_spec, get_model_spec
 
     args = build_parser().parse_args([])
     model, device = get_model_spec("llama-3.1-8b"), get_device_spec("h100-sxm")

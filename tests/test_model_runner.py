@@ -376,7 +376,9 @@ def test_flex_equals_sdpa_on_a_mixed_step():
             SeqInput([4], 5, tables[3]),
         ]
         logits.append(runner.forward(step))
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        logits[0], logits[1], rtol=1e-4, atol=1e-4
+    )  # float32, two reduction orders
 
 
 def test_passes_give_the_logits_of_one_pass():

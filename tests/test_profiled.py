@@ -13,10 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from roseinfer.config import SchedulerConfig
-from roseinfer.simulator import BatchShape, simulate
-from roseinfer.simulator.cost_model import CostModel, RooflineCostModel, loop_decode_run_times_s
-from roseinfer.simulator.profiled import (
+from roseinfer.calibration import (
     PROFILE_SCHEMA,
     OverheadModel,
     OverheadSample,
@@ -29,7 +26,10 @@ from roseinfer.simulator.profiled import (
     load_profile,
     shape_aggregates,
 )
-from roseinfer.simulator.specs import DeviceSpec, get_device_spec, get_model_spec
+from roseinfer.calibration.cost_model import CostModel, RooflineCostModel, loop_decode_run_times_s
+from roseinfer.calibration.specs import DeviceSpec, get_device_spec, get_model_spec
+from roseinfer.config import SchedulerConfig
+from roseinfer.simulator import BatchShape, simulate
 from roseinfer.workloads import synthetic
 
 GPT2 = dataclasses.replace(get_model_spec("gpt2"), dtype_bytes=4)
@@ -109,7 +109,7 @@ def test_hinge_fit_follows_a_roofline_bend():
 
 @pytest.mark.parametrize("candidate", ["linear", "hinge", "interp"])
 def test_decode_runs_equal_stepping_bit_for_bit(candidate, monkeypatch):
-    import roseinfer.simulator.profiled as profiled
+    import roseinfer.calibration.step_model as profiled
 
     samples = samples_from(RooflineCostModel(GPT2, DEVICE).step_time_s, noise=0.02)
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("scipy")
 
+from roseinfer.calibration import PROFILE_SCHEMA, load_profile  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor import cli  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
@@ -26,7 +27,6 @@ from roseinfer.executor.profiler import (  # noqa: E402
 )
 from roseinfer.executor.warmup import warm_up, warmup_shapes  # noqa: E402
 from roseinfer.request import Request  # noqa: E402
-from roseinfer.simulator.profiled import PROFILE_SCHEMA, load_profile  # noqa: E402
 
 torch.set_num_threads(1)
 

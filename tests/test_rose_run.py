@@ -114,6 +114,39 @@ def test_default_trace_scaled_to_max_model_len(monkeypatch, capsys, tmp_path):
     assert result["total_token_throughput"] > result["output_throughput"] > 0
 
 
+def test_step_log_calibrates_rose_sim_on_the_same_requests(monkeypatch, capsys, tmp_path):
+    """``rose-run --save-steps`` then ``rose-sim --cost-model STEPLOG`` with the same
+    flags: the same requests (both clip to the logged max model length by the one
+    rule), the logged pool, and every step of the log in the file."""
+    from roseinfer.calibration.steplog import load_step_log
+    from roseinfer.simulator import cli as sim_cli
+
+    flags = ["--num-requests", "10", "--request-rate", "40", "--max-model-len", "160",
+             "--policy", "budget", "--prefill-max-tokens", "96", "--quiet"]  # fmt: skip
+    code, _, err = rose_run(
+        monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu", "--no-progress", "--no-warmup", *flags,
+        "--save-steps", str(tmp_path / "steps.jsonl"), "--save-result", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    assert code == 0, err
+    real = json.loads((tmp_path / "r.json").read_text())
+    log = load_step_log(tmp_path / "steps.jsonl")
+    assert log.header["backend"] == "rose-run" and len(log.records) == real["num_steps"]
+    assert log.executor["num_kv_blocks"] == real["num_kv_blocks"]
+    assert log.executor["fit_lengths"] == "clip" and log.header["model"]["spec"]["num_layers"] == 2
+    assert all(r.forward_s is not None and 0 <= r.forward_s <= r.duration_s for r in log.records)
+    assert sum(sum(r.is_decode) for r in log.records) > 0
+
+    monkeypatch.setattr(sys, "argv", ["rose-sim", "--cost-model", str(tmp_path / "steps.jsonl"),
+                                      *flags, "--save-result", str(tmp_path / "s.json")])  # fmt: skip
+    assert sim_cli.main() == 0
+    sim = json.loads((tmp_path / "s.json").read_text())
+    assert sim["fit_lengths"] == real["fit_lengths"] and "clipped" in sim["fit_lengths"]
+    assert (
+        sim["num_kv_blocks"] == real["num_kv_blocks"] and sim["rejected"] == real["rejected"] == 0
+    )
+    assert sim["completed"] == real["completed"] == 10
+
+
 def test_list_policies(monkeypatch, capsys):
     code, out, _ = rose_run(monkeypatch, capsys, "--list-policies")
     assert code == 0 and "pack" in out and "decode-first" in out and "force-fifo" in out

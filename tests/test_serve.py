@@ -400,6 +400,7 @@ def test_metrics_parse_and_count(server):
         (["--num-kv-blocks", "8", "--kv-cache-memory-gb", "1"], "--num-kv-blocks"),
         (["--gpu-memory-utilization", "5"], "--gpu-memory-utilization"),  # rose-run's checks too
         (["--num-threads", "0"], "--num-threads"),
+        (["--save-steps", "steps.csv"], "--save-steps"),
     ],
 )
 def test_cli_bad_flag_is_one_error_line_before_any_model_work(monkeypatch, capsys, flags, names):
@@ -412,14 +413,16 @@ def test_cli_bad_flag_is_one_error_line_before_any_model_work(monkeypatch, capsy
     assert len(lines) == 1 and lines[0].startswith("rose-serve: error: ") and names in lines[0]
 
 
-def test_cli_flags_build_a_serving_engine():
-    """rose-serve's flags, parsed and checked as main() does, give an engine that serves."""
+def test_cli_flags_build_a_serving_engine(tmp_path):
+    """rose-serve's flags, parsed and checked as main() does, give an engine that serves
+    and logs its steps (``--save-steps``, closed at shutdown)."""
+    from roseinfer.calibration.steplog import load_step_log
     from roseinfer.registry import load_registry
 
     args = cli.build_parser().parse_args(
         ["--model", NAME, "--device", "cpu", "--no-warmup", "--num-kv-blocks", "32",
          "--max-num-seqs", "4", "--max-waiting", "3", "--policy", "budget",
-         "--prefill-max-tokens", "64"]
+         "--prefill-max-tokens", "64", "--save-steps", str(tmp_path / "steps.jsonl")]
     )  # fmt: skip
     registry = load_registry()
     cli.check_serve_args(args, registry)
@@ -431,3 +434,8 @@ def test_cli_flags_build_a_serving_engine():
         assert len(se.generate("t5 t6 t7", max_tokens=3, sampling=SamplingParams())) == 3
     finally:
         se.close()
+        cli._save_outputs(args, se)
+    log = load_step_log(tmp_path / "steps.jsonl")
+    assert log.header["backend"] == "rose-serve" and log.executor["num_kv_blocks"] == 32
+    assert [r.kind for r in log.records] == ["prefill", "decode", "decode"]
+    assert log.records[0].num_new_tokens == (3,) and log.records[-1].num_context_tokens == (5,)

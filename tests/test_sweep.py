@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from roseinfer import workloads
+from roseinfer.calibration.cost_model import make_cost_model
 from roseinfer.config import SchedulerConfig
-from roseinfer.simulator.capacity import CapacitySearch, find_capacity, slo_attainment
-from roseinfer.simulator.cost_model import make_cost_model
-from roseinfer.simulator.sweep import grid_points, resolve_backend, run_grid
+from roseinfer.experiments.capacity import CapacitySearch, find_capacity, slo_attainment
+from roseinfer.experiments.sweep import grid_points, resolve_backend, run_grid
 from tests.test_rose_sim import rose_sim
 
 BASE = SchedulerConfig(num_kv_blocks=8000, max_model_len=16384)

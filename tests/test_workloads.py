@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from roseinfer import workloads as w
-from roseinfer.executor.workload_fit import fit_lengths, with_token_ids
 from roseinfer.request import Request
+from roseinfer.workloads.fit import fit_lengths, with_token_ids
 
 SHARED_TRACES = Path(__file__).parents[2] / "shared" / "traces"
 

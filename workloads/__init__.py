@@ -5,12 +5,15 @@
 - :mod:`~roseinfer.workloads.arrivals`: slicing and vLLM-bench arrival re-drawing.
 - :mod:`~roseinfer.workloads.synthetic`: the seed posts' synthetic request mixes.
 - :mod:`~roseinfer.workloads.groups`: Poisson groups with tenant, priority and deadline.
+- :mod:`~roseinfer.workloads.fit`: lengths fitted to a model's context (``--fit-lengths``)
+  and made-up token ids for length-only traces.
 
 Every function returns ``list[Request]`` sorted by arrival, the first at 0 s.
 """
 
 from roseinfer.workloads.arrivals import rescale_arrivals, select, time_scale
 from roseinfer.workloads.errors import WorkloadError
+from roseinfer.workloads.fit import FIT_MODES, fit_lengths, with_token_ids
 from roseinfer.workloads.groups import GroupSpec, groups, two_tenant
 from roseinfer.workloads.synthetic import (
     GPT2_VOCAB_SIZE,
@@ -31,6 +34,7 @@ from roseinfer.workloads.traces import (
 
 __all__ = [
     "DEFAULT_TRACE_NAME",
+    "FIT_MODES",
     "GPT2_VOCAB_SIZE",
     "GroupSpec",
     "KNOWN_FORMATS",
@@ -38,6 +42,8 @@ __all__ = [
     "SeedWorkload",
     "SyntheticSpec",
     "WorkloadError",
+    "fit_lengths",
+    "with_token_ids",
     "detect_format",
     "generate",
     "groups",

@@ -24,7 +24,7 @@ A grid file (TOML) has three parts::
 the default when Ray is installed) and saves the rows as Parquet.
 ``rose-sim capacity --goodput ttft:MS tpot:MS`` finds the highest request rate
 meeting the SLOs, for the flags' configuration or for every (variant, replicas,
-seed) of ``--grid GRID.toml`` (see ``roseinfer.simulator.capacity``).
+seed) of ``--grid GRID.toml`` (see ``roseinfer.experiments.capacity``).
 """
 
 from __future__ import annotations
@@ -43,15 +43,13 @@ from roseinfer.cli import (
     friendly_errors,
     scheduler_config,
 )
-from roseinfer.metrics import parse_goodput
-from roseinfer.registry import load_registry
-from roseinfer.simulator.capacity import (
+from roseinfer.experiments.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_TOLERANCE,
     CapacitySearch,
     search_point,
 )
-from roseinfer.simulator.sweep import (
+from roseinfer.experiments.sweep import (
     BACKENDS,
     GridInputs,
     GridPoint,
@@ -59,6 +57,8 @@ from roseinfer.simulator.sweep import (
     map_points,
     run_grid,
 )
+from roseinfer.metrics import parse_goodput
+from roseinfer.registry import load_registry
 
 if sys.version_info >= (3, 11):
     import tomllib

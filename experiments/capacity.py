@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from roseinfer.simulator.sweep import GridInputs, GridPoint, run_point
+from roseinfer.experiments.sweep import GridInputs, GridPoint, run_point
 
 DEFAULT_ATTAINMENT = 0.9  # DistServe's SLO attainment target
 DEFAULT_TOLERANCE = 0.05  # relative width of the final bracket

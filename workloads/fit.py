@@ -14,9 +14,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from roseinfer.request import Request
-from roseinfer.workloads import GPT2_VOCAB_SIZE, WorkloadError
+from roseinfer.workloads.errors import WorkloadError
+from roseinfer.workloads.synthetic import GPT2_VOCAB_SIZE
 
-FIT_MODES = ("clip", "scale")
+FIT_MODES = ("clip", "scale")  # --fit-lengths, besides "off"
 
 
 def with_token_ids(

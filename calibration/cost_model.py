@@ -2,8 +2,8 @@
 
 The simulator asks a :class:`CostModel` how long each iteration takes. The
 embedded default is :class:`RooflineCostModel`, an analytical roofline built
-from a :class:`~roseinfer.simulator.specs.ModelSpec` and a
-:class:`~roseinfer.simulator.specs.DeviceSpec`: an iteration is one forward
+from a :class:`~roseinfer.calibration.specs.ModelSpec` and a
+:class:`~roseinfer.calibration.specs.DeviceSpec`: an iteration is one forward
 pass that is either compute-bound (FLOPs / achievable FLOP/s) or memory-bound
 (bytes / achievable bandwidth), plus a fixed per-iteration overhead. A
 profiled cost model (fitted from executor measurements) implements the same
@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from roseinfer.simulator.specs import DeviceSpec, ModelSpec, get_device_spec, get_model_spec
+from roseinfer.calibration.specs import DeviceSpec, ModelSpec, get_device_spec, get_model_spec
 
 __all__ = [
     "BatchShape",

@@ -37,13 +37,13 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from roseinfer import workloads
+from roseinfer.calibration.cost_model import CostModel
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import PolicyOptions
 from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
-from roseinfer.simulator.cost_model import CostModel
 from roseinfer.simulator.engine import simulate
 
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(PolicyOptions)}

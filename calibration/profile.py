@@ -1,0 +1,398 @@
+"""Profiled cost models: step times fitted from the executor's own measurements.
+
+``rose-run profile`` times real steps of one model on one device over a grid
+of batch shapes and writes ``PROFILE.json`` (schema below). This module reads
+it and prices the simulator's steps with it; it needs numpy and scipy, never
+torch, so ``rose-sim --cost-model PROFILE.json`` runs without the executor.
+
+Two models come out of one profile:
+
+* :class:`ProfiledCostModel` (same model shape as profiled): a step's seconds
+  are a linear combination of a physically shaped basis of the batch shape
+  (:data:`BASIS_TERMS`: a fixed cost per step, per sequence, per token, the
+  causal attention pairs and the context gathered by prefills, the decode
+  contexts read, hinges on the token count) with non-negative coefficients
+  (``scipy.optimize.nnls``, rows weighted by ``1 / time`` so every sample
+  counts by its relative error). The shape of the basis follows the cost
+  models of the field: BLIS's ``beta0 + beta1 * prefill tokens + beta2 *
+  decode tokens``, DistServe's ``a + b * tokens + c * tokens^2`` prefill model,
+  and the roofline's FLOP terms (see ``roseinfer.calibration.cost_model``); the
+  token hinges let the fit bend from the weight-streaming (flat) to the
+  compute-bound (linear) regime, as a roofline does. A piecewise-linear
+  interpolation of the samples (LLMServingSim's method) is fitted as well;
+  the candidate with the lowest held-out error is kept (:func:`fit_step_model`).
+* the calibrated roofline (:func:`calibrate_roofline`): the same samples fit
+  the roofline's device constants (achievable FLOP/s, achievable bandwidth,
+  per-step overhead), so the profile prices *another* model shape on the same
+  device (``rose-sim --cost-model PROFILE.json --model OTHER``).
+
+PROFILE.json (``"schema": "roseinfer-profile/1"``)::
+
+    schema, created, profile_wall_s
+    model:        {name, spec: ModelSpec fields (dtype_bytes = profiled dtype)}
+    executor:     {device, dtype, attention_backend, num_kv_blocks, block_size,
+                   kv_cache_bytes, kv_cache_budget_bytes, max_model_len, max_num_seqs,
+                   max_num_batched_tokens}                  rose-sim's defaults
+    environment:  {torch, python, platform, processor, cpu_count, num_threads,
+                   num_interop_threads, omp_wait_policy, cuda_device,
+                   load_average_before, load_average}
+    grid:         {repetitions, seed, num_samples}
+    host:         {per_step_s, per_seq_s, per_token_s, num_steps}   scheduler bookkeeping
+    warmup:       [{name, num_seqs, num_tokens, times_s}]
+    fit:          {chosen, model: {kind, name, token_knots, coefficients | fallback},
+                   held_out: {candidate: {median, p90, max, num_samples}},
+                   split_seed, train_fraction, selection}
+    calibrated_roofline: {device: DeviceSpec fields, overhead: OverheadModel fields,
+                   achievable_flops, achievable_bandwidth, held_out}
+    samples:      [{kind, prefill_new_tokens, prefill_context_tokens,
+                    decode_context_tokens, times_s, median_s, host_s}]
+    overhead_samples: [{num_layers, ...same as samples}]   skeleton steps
+
+A sample's target is ``median_s + host_s``: the measured device part (input
+preparation, forward, sampling, synchronize) plus the modelled scheduler
+bookkeeping of a step with that many sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from roseinfer.calibration.roofline_fit import (
+    CalibratedRoofline,
+    CalibratedRooflineCostModel,
+    OverheadSample,
+    calibrate_roofline,
+)
+from roseinfer.calibration.specs import DeviceSpec, ModelSpec
+from roseinfer.calibration.step_model import (
+    HeldOutError,
+    InterpolatedStepModel,
+    LinearStepModel,
+    ProfiledCostModel,
+    ProfileError,
+    ProfileSample,
+    StepFit,
+    StepModel,
+    fit_step_model,
+    shape_aggregates,
+)
+from roseinfer.calibration.steplog import (
+    StepLogError,
+    StepLogFile,
+    is_step_log,
+    load_step_log,
+)
+
+__all__ = ["PROFILE_SCHEMA", "Profile", "load_calibration", "load_profile", "step_samples"]
+
+PROFILE_SCHEMA = "roseinfer-profile/1"
+
+# ------------------------------------------------------------------ the profile
+
+
+def _step_model_from_json(doc: Mapping[str, Any], samples: Sequence[ProfileSample]) -> StepModel:
+    """Rebuild a stored step model; an interpolation is rebuilt from the samples."""
+    if doc["kind"] == "interp":
+        agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+        targets = np.array([s.target_s for s in samples])
+        fallback = _step_model_from_json(doc["fallback"], samples)
+        assert isinstance(fallback, LinearStepModel)
+        return InterpolatedStepModel(
+            str(doc["name"]), InterpolatedStepModel.coordinates(agg), targets, fallback
+        )
+    knots = tuple(float(k) for k in doc["token_knots"])
+    model = LinearStepModel(str(doc["name"]), knots, ())
+    coefficients = tuple(float(doc["coefficients"][n]) for n in model.feature_names)
+    return dataclasses.replace(model, coefficients=coefficients)
+
+
+def _step_model_json(model: StepModel) -> dict[str, Any]:
+    doc = model.to_json()
+    if isinstance(model, InterpolatedStepModel):
+        doc["fallback"] = model.fallback.to_json()
+    return doc
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A loaded (or freshly measured) PROFILE.json with its fitted models.
+
+    Attributes:
+        model_name: what ``--model`` named when profiling.
+        model_spec: the profiled model's shape (``dtype_bytes`` = profiled dtype),
+            or None when the source did not record it (an engine's step log).
+        executor: the executor setup: device, dtype, attention_backend,
+            num_kv_blocks, block_size, kv_cache_bytes, kv_cache_budget_bytes
+            (memory the pool was sized from, before the cap rose-run applies),
+            max_model_len, max_num_seqs, max_num_batched_tokens.
+        environment: torch version, threads, platform facts.
+        samples: the profiled steps.
+        step_fit: the chosen step model and every candidate's held-out error.
+        roofline: the calibrated roofline constants (None without a model shape).
+        overhead_samples: skeleton steps the roofline's overhead was fitted on.
+        extra: the other top-level sections (grid, host, timings), kept as read.
+    """
+
+    model_name: str
+    model_spec: ModelSpec | None
+    executor: dict[str, Any]
+    environment: dict[str, Any]
+    samples: list[ProfileSample]
+    step_fit: StepFit
+    roofline: CalibratedRoofline | None
+    overhead_samples: list[OverheadSample] = dataclasses.field(default_factory=list)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        model_name: str,
+        model_spec: ModelSpec | None,
+        executor: dict[str, Any],
+        environment: dict[str, Any],
+        samples: Sequence[ProfileSample],
+        base_device: DeviceSpec | None = None,
+        seed: int = 0,
+        overhead_samples: Sequence[OverheadSample] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> Profile:
+        """Fit both models to freshly measured ``samples`` (see the module doc).
+
+        Raises:
+            ProfileError: with fewer than 10 samples.
+        """
+        samples = list(samples)
+        return cls(
+            model_name=model_name,
+            model_spec=model_spec,
+            executor=dict(executor),
+            environment=dict(environment),
+            samples=samples,
+            step_fit=fit_step_model(samples, seed),
+            roofline=None
+            if model_spec is None
+            else calibrate_roofline(model_spec, samples, base_device, seed, overhead_samples),
+            overhead_samples=list(overhead_samples),
+            extra=dict(extra or {}),
+        )
+
+    # ----------------------------------------------------------- pricing
+    @property
+    def label(self) -> str:
+        """``gpt2 float32 on cpu (2 threads)``: what the profile measured."""
+        env, ex = self.environment, self.executor
+        threads = f" ({env['num_threads']} threads)" if env.get("num_threads") else ""
+        return f"{self.model_name} {ex.get('dtype', '')} on {ex.get('device', '?')}{threads}"
+
+    def same_shape(self, model: ModelSpec) -> bool:
+        """True when ``model`` computes what the profiled model computes (names aside)."""
+        if self.model_spec is None:
+            return False
+        mine = dataclasses.replace(self.model_spec, name="")
+        return dataclasses.replace(model, name="") == mine
+
+    def cost_model(
+        self, model: ModelSpec | None = None
+    ) -> ProfiledCostModel | CalibratedRooflineCostModel:
+        """The profiled cost model for the profiled shape (``model`` None or the same
+        shape); the calibrated roofline of ``model`` for any other shape.
+
+        Raises:
+            ProfileError: for another shape when the source recorded no model shape.
+        """
+        if model is None or self.same_shape(model):
+            held_out = self.step_fit.held_out.get(self.step_fit.model.name)
+            return ProfiledCostModel(self.step_fit.model, self.label, held_out)
+        if self.roofline is None or self.model_spec is None:
+            raise ProfileError(
+                f"{self.label} recorded no model shape, so it prices only its own model; "
+                "drop --model (or calibrate from a rose-run profile or step log)"
+            )
+        return self.roofline.cost_model(model)
+
+    def scheduler_defaults(
+        self,
+        model: ModelSpec | None = None,
+        block_size: int | None = None,
+        max_num_seqs: int | None = None,
+    ) -> dict[str, int]:
+        """``num_kv_blocks``, ``block_size`` and ``max_model_len`` the executor used.
+
+        For another model or block size the pool is sized as ``rose-run`` sizes it:
+        the profiled pool's memory budget (``kv_cache_budget_bytes``: 1 GiB on
+        CPU, the free share on CUDA) over the KV bytes of a block, capped at
+        ``max_num_seqs`` requests of ``max_model_len``. On a GPU another model's
+        weights change what is free: pass ``--num-kv-blocks`` there.
+        """
+        ex = self.executor
+        same_model = model is None or self.same_shape(model)
+        block_size = block_size or int(ex["block_size"])
+        spec = model if model is not None else self.model_spec
+        max_len = int(ex["max_model_len"]) if same_model or spec is None else spec.max_model_len
+        if same_model and block_size == ex["block_size"]:
+            num_blocks = int(ex["num_kv_blocks"])
+        elif spec is None or "kv_cache_bytes" not in ex:
+            raise ProfileError(
+                f"{self.label} recorded no model shape or KV pool bytes, so its pool cannot be "
+                f"resized for block size {block_size}; pass --num-kv-blocks"
+            )
+        else:
+            budget = int(ex.get("kv_cache_budget_bytes", ex["kv_cache_bytes"]))
+            num_blocks = max(1, budget // (spec.kv_bytes_per_token * block_size))
+            max_seqs = max_num_seqs or int(ex.get("max_num_seqs", 1 << 30))
+            num_blocks = min(num_blocks, max_seqs * -(-max_len // block_size))
+        return {"num_kv_blocks": num_blocks, "block_size": block_size, "max_model_len": max_len}
+
+    @property
+    def fit_lengths(self) -> str:
+        """How the calibrated run fitted requests longer than its ``max_model_len``
+        (``clip``, ``scale`` or ``off``; ``clip``, rose-run's default, when unrecorded)."""
+        return str(self.executor.get("fit_lengths", "clip"))
+
+    # ------------------------------------------------------------ files
+    def to_json(self) -> dict[str, Any]:
+        """The PROFILE.json document."""
+        fit = self.step_fit.to_json()
+        fit["model"] = _step_model_json(self.step_fit.model)
+        return {
+            "schema": PROFILE_SCHEMA,
+            **{k: v for k, v in self.extra.items() if k not in ("samples",)},
+            "model": {
+                "name": self.model_name,
+                "spec": None if self.model_spec is None else dataclasses.asdict(self.model_spec),
+            },
+            "executor": self.executor,
+            "environment": self.environment,
+            "fit": fit,
+            "calibrated_roofline": None if self.roofline is None else self.roofline.to_json(),
+            "samples": [s.to_json() for s in self.samples],
+            "overhead_samples": [o.to_json() for o in self.overhead_samples],
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path`` (parents created)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Profile:
+        """Read a PROFILE.json document (fits as stored, not refitted).
+
+        Raises:
+            ProfileError: on another schema or a missing section.
+        """
+        if doc.get("schema") != PROFILE_SCHEMA:
+            raise ProfileError(
+                f"not a roseinfer profile (schema {doc.get('schema')!r}, expected "
+                f"{PROFILE_SCHEMA!r}); make one with `rose-run profile --output FILE`"
+            )
+        try:
+            samples = [ProfileSample.from_json(row) for row in doc["samples"]]
+            fit = doc["fit"]
+            step_fit = StepFit(
+                _step_model_from_json(fit["model"], samples),
+                {k: HeldOutError(**v) for k, v in fit["held_out"].items()},
+                int(fit["split_seed"]),
+                float(fit["train_fraction"]),
+            )
+            spec = doc["model"]["spec"]
+            roof = doc["calibrated_roofline"]
+            roofline = None if roof is None else CalibratedRoofline.from_json(roof)
+            overhead = [OverheadSample.from_json(r) for r in doc.get("overhead_samples", [])]
+            known = {"schema", "model", "executor", "environment", "fit", "calibrated_roofline"}
+            extra = {
+                k: v for k, v in doc.items() if k not in known | {"samples", "overhead_samples"}
+            }
+            return cls(
+                model_name=str(doc["model"]["name"]),
+                model_spec=None if spec is None else ModelSpec(**spec),
+                executor=dict(doc["executor"]),
+                environment=dict(doc["environment"]),
+                samples=samples,
+                step_fit=step_fit,
+                roofline=roofline,
+                overhead_samples=overhead,
+                extra=extra,
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ProfileError(
+                f"profile is incomplete or damaged ({err!r}); re-run `rose-run profile`"
+            ) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read ``PROFILE.json`` written by ``rose-run profile``.
+
+    Raises:
+        ProfileError: if the file is missing, not JSON, or not a profile.
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ProfileError(f"cannot read profile {path}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"profile {path} is not JSON ({err})") from None
+    if not isinstance(doc, dict):
+        raise ProfileError(f"profile {path} is not a JSON object")
+    return Profile.from_json(doc)
+
+
+def step_samples(log: StepLogFile) -> list[ProfileSample]:
+    """One sample per logged step: its shape and measured duration (host work
+    included, so ``host_s`` is 0). Steps of zero duration are skipped."""
+    return [
+        ProfileSample(r.kind, r.shape, (r.duration_s,)) for r in log.records if r.duration_s > 0
+    ]
+
+
+def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
+    """One calibration from ``rose-run profile`` files and step logs (``--save-steps``).
+
+    A single profile is used as it was fitted. Otherwise every sample is pooled
+    (the profile's grid shapes and each logged step) and the step model and the
+    calibrated roofline are fitted again, with held-out errors measured on
+    samples (steps) the fit did not see. The setup (KV pool, block size, max
+    model length, model shape) is the first profile's, else the first log's.
+
+    Raises:
+        ProfileError: if a file cannot be read, or fewer than 10 samples remain.
+    """
+    if not paths:
+        raise ProfileError("no calibration file given")
+    profiles: list[Profile] = []
+    logs: list[StepLogFile] = []
+    for path in paths:
+        if is_step_log(path):
+            try:
+                logs.append(load_step_log(path))
+            except StepLogError as err:
+                raise ProfileError(str(err)) from None
+        else:
+            profiles.append(load_profile(path))
+    if len(paths) == 1 and profiles:
+        return profiles[0]
+    base = profiles[0] if profiles else None
+    head = logs[0].header if logs else {}
+    samples = [s for p in profiles for s in p.samples] + [s for g in logs for s in step_samples(g)]
+    sources = [{"path": str(p), "kind": "step log" if is_step_log(p) else "profile"} for p in paths]
+    spec_doc = (head.get("model") or {}).get("spec")
+    return Profile.create(
+        model_name=base.model_name if base else str((head.get("model") or {}).get("name", "?")),
+        model_spec=base.model_spec if base else (None if not spec_doc else ModelSpec(**spec_doc)),
+        executor=base.executor if base else dict(head.get("executor") or {}),
+        environment=base.environment if base else dict(head.get("environment") or {}),
+        samples=samples,
+        base_device=base.roofline.device if base and base.roofline else None,
+        seed=seed,
+        overhead_samples=[o for p in profiles for o in p.overhead_samples],
+        extra={"sources": sources, "num_logged_steps": sum(len(g.records) for g in logs)},
+    )

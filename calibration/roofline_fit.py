@@ -1,0 +1,401 @@
+"""The calibrated roofline: the roofline's device rates fitted to measured steps.
+
+The same samples that fit a step model (:mod:`roseinfer.calibration.step_model`)
+fit the roofline's device constants (achievable FLOP/s, achievable bandwidth)
+plus a dispatch overhead measured on *skeletons* (tiny-width models of each
+architecture family at two depths), so a profile of one model prices
+*another* model shape on the same device (``rose-sim --cost-model PROFILE.json
+--model OTHER``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
+from roseinfer.calibration.specs import DeviceSpec, ModelSpec
+from roseinfer.calibration.step_model import (
+    HeldOutError,
+    ProfileError,
+    ProfileSample,
+    _decode_run_aggregates,
+    _split,
+    shape_aggregates,
+)
+
+# ------------------------------------------------------------- calibrated roofline
+
+RIDGE_GRID = np.geomspace(1e-2, 1e4, 241)  # FLOPs per byte scanned by the roofline fit
+OVERHEAD_TERMS = (
+    "per_step_s",
+    "per_layer_s",
+    "per_seq_s",
+    "per_seq_layer_s",
+    "per_prefill_layer_s",
+)
+
+
+FAMILIES = ("gpt2", "llama")  # architecture families the executor runs (skeletons of each)
+COMBINES = ("max", "sum")  # how compute and memory time add up in a step
+
+
+def family_of(model: ModelSpec) -> str:
+    """``llama`` for gated-MLP models (Llama, Qwen2, Mistral), else ``gpt2``."""
+    return "llama" if model.gated_mlp else "gpt2"
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadSample:
+    """A step timed on a *skeleton*: an architecture with tiny widths.
+
+    Its time is what a step costs besides FLOPs and bytes (op dispatch per
+    layer, input preparation, sampling, Python), measured at ``num_layers``.
+
+    Attributes:
+        family: ``gpt2`` or ``llama`` (see :func:`family_of`).
+        num_layers: skeleton depth; sample: its shape and timings.
+    """
+
+    family: str
+    num_layers: int
+    sample: ProfileSample
+
+    def to_json(self) -> dict[str, Any]:
+        """``{family, num_layers, **sample}`` for PROFILE.json's ``overhead_samples``."""
+        return {"family": self.family, "num_layers": self.num_layers, **self.sample.to_json()}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> OverheadSample:
+        """The inverse of :meth:`to_json`."""
+        return cls(str(row["family"]), int(row["num_layers"]), ProfileSample.from_json(row))
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadModel:
+    """Seconds a step costs besides the roofline: ``per_step + per_layer * layers +
+    per_seq * seqs + per_seq_layer * seqs * layers + per_prefill_layer * layers *
+    prefills`` (each prefill chunk makes its own attention call in every layer;
+    each decode its share of the context gather and masking in every layer).
+
+    Attributes:
+        per_step_s, per_layer_s, per_seq_s, per_seq_layer_s, per_prefill_layer_s:
+            fitted seconds (>= 0).
+    """
+
+    per_step_s: float = 0.0
+    per_layer_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_seq_layer_s: float = 0.0
+    per_prefill_layer_s: float = 0.0
+
+    def seconds(self, num_layers: int, aggregates: np.ndarray) -> np.ndarray:
+        """Overhead of each row of ``aggregates`` ``[n, len(BASIS_TERMS)]`` (s)."""
+        return _overhead_design(num_layers, aggregates) @ np.array(
+            [getattr(self, name) for name in OVERHEAD_TERMS]
+        )
+
+    @classmethod
+    def fit(cls, samples: Sequence[OverheadSample]) -> OverheadModel:
+        """Non-negative least squares on relative error over skeleton steps."""
+        from scipy.optimize import nnls
+
+        design = np.vstack(
+            [
+                _overhead_design(o.num_layers, shape_aggregates(o.sample.shape)[None])
+                for o in samples
+            ]
+        )
+        targets = np.array([o.sample.target_s for o in samples])
+        scale = design.max(axis=0)
+        scale[scale == 0] = 1.0
+        coef, _ = nnls(design / scale / targets[:, None], np.ones(len(targets)))
+        return cls(*(coef / scale).tolist())
+
+
+def _overhead_design(num_layers: int, aggregates: np.ndarray) -> np.ndarray:
+    """``[n, 5]``: step, layers, seqs, seqs x layers, prefills x layers."""
+    ones, seqs = np.ones(len(aggregates)), aggregates[:, 1]
+    return np.column_stack(
+        [ones, num_layers * ones, seqs, num_layers * seqs, num_layers * aggregates[:, 5]]
+    )
+
+
+_HUGE = 1e30  # a peak that never binds: the roofline then returns its other term
+
+
+class CalibratedRooflineCostModel:
+    """The roofline with fitted device rates plus a fitted dispatch overhead.
+
+    ``combine(FLOPs / achieved FLOP/s, bytes / achieved B/s) + overhead(layers,
+    seqs, prefills)``, where ``combine`` is ``max`` (compute and memory traffic
+    overlap, the classic roofline) or ``sum`` (they do not: eager ops on a CPU
+    run one after another, each bound by one or the other); the profile picks
+    the one with the lower held-out error. The FLOPs and bytes come from the
+    model's shape (:class:`~roseinfer.calibration.cost_model.RooflineCostModel`),
+    so rates fitted on one model price another shape on the same device. The
+    overhead is added, not overlapped: on a CPU every op runs synchronously
+    after its dispatch (on a GPU launches overlap long kernels, so this
+    over-predicts large steps there).
+
+    Args:
+        model: the shape to price; device: achieved rates (its ``overhead_s``
+            is ignored); overhead: the fitted overhead model of the model's
+            architecture family; combine: ``max`` or ``sum``.
+
+    Raises:
+        ValueError: on another ``combine``.
+    """
+
+    name = "calibrated-roofline"
+
+    def __init__(
+        self, model: ModelSpec, device: DeviceSpec, overhead: OverheadModel, combine: str = "max"
+    ) -> None:
+        if combine not in COMBINES:
+            raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+        self.model, self.device, self.overhead, self.combine = model, device, overhead, combine
+        free = dataclasses.replace(device, overhead_s=0.0)
+        if combine == "max":
+            self._terms = [RooflineCostModel(model, free)]
+        else:  # one roofline per term: the other term's peak never binds
+            compute = dataclasses.replace(free, mem_bandwidth=_HUGE)
+            memory = dataclasses.replace(free, peak_flops=_HUGE)
+            self._terms = [RooflineCostModel(model, compute), RooflineCostModel(model, memory)]
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds one step with this batch takes; 0.0 for an empty batch."""
+        if shape.is_empty:
+            return 0.0
+        extra = self.overhead.seconds(self.model.num_layers, shape_aggregates(shape)[None])
+        return sum(t.step_time_s(shape) for t in self._terms) + float(extra[0])
+
+    def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Seconds of ``num_steps`` pure-decode steps; step ``j`` sees ``context_tokens + j``.
+
+        Raises:
+            ValueError: if ``num_steps < 0`` or a context is < 1.
+        """
+        runs = [t.decode_run_times_s(context_tokens, num_steps) for t in self._terms]
+        times = runs[0] if len(runs) == 1 else runs[0] + runs[1]
+        if len(context_tokens) == 0 or num_steps == 0:
+            return times
+        agg = _decode_run_aggregates(np.asarray(context_tokens, dtype=np.int64), 1)
+        return times + float(self.overhead.seconds(self.model.num_layers, agg)[0])
+
+    def describe(self) -> str:
+        """One line: model, achieved rates, how they combine, the overhead terms."""
+        d, o = self.device, self.overhead
+        return (
+            f"calibrated roofline: {self.model.name} ({self.model.dtype_bytes}-byte weights) "
+            f"on {d.name}; {self.combine}({d.achievable_flops / 1e9:.4g} GFLOP/s, "
+            f"{d.achievable_bandwidth / 1e9:.4g} GB/s); overhead {o.per_step_s * 1e3:.3g} ms "
+            f"+ {o.per_layer_s * 1e3:.3g} ms/layer + {o.per_seq_s * 1e3:.3g} ms/seq "
+            f"+ {o.per_seq_layer_s * 1e3:.3g} ms/seq/layer "
+            f"+ {o.per_prefill_layer_s * 1e3:.3g} ms/prefill/layer"
+        )
+
+    def __repr__(self) -> str:
+        return f"CalibratedRooflineCostModel({self.describe()})"
+
+
+@dataclass(frozen=True)
+class CalibratedRoofline:
+    """Roofline device rates and overheads fitted to a profile, and their held-out error.
+
+    Attributes:
+        device: a :class:`DeviceSpec` whose ``achievable_flops`` and
+            ``achievable_bandwidth`` are the fitted rates (``mfu`` and
+            ``bandwidth_efficiency`` relative to the datasheet peaks of the
+            matching built-in device when one matches and the fit stays below
+            its peak; else the peak is the achieved rate and the efficiency 1);
+            ``overhead_s`` is the overhead of a one-sequence step of the
+            profiled model.
+        overheads: the fitted overhead model per architecture family; a family
+            without skeleton samples takes the profiled model's.
+        combine: ``max`` or ``sum`` (see :class:`CalibratedRooflineCostModel`).
+        held_out: error on the held-out samples of the chosen combine, fitted
+            on the training split; held_out_by_combine: both combines' errors.
+    """
+
+    device: DeviceSpec
+    overheads: dict[str, OverheadModel]
+    combine: str
+    held_out: HeldOutError
+    held_out_by_combine: dict[str, HeldOutError] = dataclasses.field(default_factory=dict)
+    profiled_family: str = "gpt2"
+
+    def overhead_of(self, model: ModelSpec) -> OverheadModel:
+        """The overhead model of ``model``'s family (else the profiled model's)."""
+        default = self.overheads.get(self.profiled_family, OverheadModel())
+        return self.overheads.get(family_of(model), default)
+
+    def cost_model(self, model: ModelSpec) -> CalibratedRooflineCostModel:
+        """The calibrated roofline of ``model`` on this device."""
+        return CalibratedRooflineCostModel(
+            model, self.device, self.overhead_of(model), self.combine
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``calibrated_roofline`` section of PROFILE.json."""
+        device = self.device
+        return {
+            "device": dataclasses.asdict(device),
+            "combine": self.combine,
+            "overheads": {k: dataclasses.asdict(v) for k, v in self.overheads.items()},
+            "profiled_family": self.profiled_family,
+            "achievable_flops": device.achievable_flops,
+            "achievable_bandwidth": device.achievable_bandwidth,
+            "held_out": dataclasses.asdict(self.held_out),
+            "held_out_by_combine": {
+                k: dataclasses.asdict(v) for k, v in self.held_out_by_combine.items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CalibratedRoofline:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            DeviceSpec(**doc["device"]),
+            {k: OverheadModel(**v) for k, v in doc["overheads"].items()},
+            str(doc["combine"]),
+            HeldOutError(**doc["held_out"]),
+            {k: HeldOutError(**v) for k, v in doc.get("held_out_by_combine", {}).items()},
+            str(doc.get("profiled_family", "gpt2")),
+        )
+
+
+def _roofline_terms(model: ModelSpec, samples: Sequence[ProfileSample]) -> np.ndarray:
+    """``[n, 2]``: FLOPs and bytes of each sample's step under ``model``."""
+    probe = RooflineCostModel(model, _UNIT_DEVICE)
+    return np.array([[probe.flops(s.shape), probe.memory_bytes(s.shape)] for s in samples])
+
+
+_UNIT_DEVICE = DeviceSpec(
+    name="unit", peak_flops=1.0, mem_bandwidth=1.0, mem_bytes=1, mfu=1.0,
+    bandwidth_efficiency=1.0, overhead_s=0.0,
+)  # fmt: skip
+
+
+def _fit_rates(
+    terms: np.ndarray,
+    targets_s: np.ndarray,
+    overhead_s: np.ndarray,
+    combine: str,
+    fit_intercept: bool,
+) -> tuple[float, float, float]:
+    """``(s per FLOP, s per byte, extra s per step)`` minimizing squared relative
+    error of ``combine(flops * a, bytes * b) + overhead (+ intercept)``.
+
+    ``sum`` is one non-negative least squares. For ``max`` and a fixed ridge
+    ``r = b / a`` the model is linear in ``a`` (and the intercept), so each ridge
+    of :data:`RIDGE_GRID` is one non-negative least squares; the best ridge wins.
+    """
+    from scipy.optimize import nnls
+
+    rest = (targets_s - overhead_s) / targets_s
+    ones = [np.ones(len(targets_s))] if fit_intercept else []
+    if combine == "sum":
+        scale = terms.max(axis=0)
+        design = np.column_stack([*(terms / scale).T, *ones]) / targets_s[:, None]
+        coef, _ = nnls(design, rest)
+        return coef[0] / scale[0], coef[1] / scale[1], float(coef[2]) if fit_intercept else 0.0
+    best: tuple[float, float, float, float] | None = None
+    for ridge in RIDGE_GRID:
+        work = np.maximum(terms[:, 0], terms[:, 1] * ridge)
+        design = np.column_stack([work / work.max(), *ones]) / targets_s[:, None]
+        coef, residual = nnls(design, rest)
+        if best is None or residual < best[0]:
+            a = coef[0] / work.max()
+            best = (residual, a, a * ridge, float(coef[1]) if fit_intercept else 0.0)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def _predict_rates(
+    terms: np.ndarray, rates: tuple[float, float, float], combine: str
+) -> np.ndarray:
+    a, b, c = rates
+    joined = np.maximum if combine == "max" else np.add
+    return joined(terms[:, 0] * a, terms[:, 1] * b) + c
+
+
+def calibrate_roofline(
+    model: ModelSpec,
+    samples: Sequence[ProfileSample],
+    base: DeviceSpec | None = None,
+    seed: int = 0,
+    overhead_samples: Sequence[OverheadSample] = (),
+) -> CalibratedRoofline:
+    """Fit the roofline's device rates and overheads to profiled steps of ``model``.
+
+    The overheads come from ``overhead_samples`` (skeleton steps at two depths
+    per architecture family separate a per-layer from a per-step cost); without
+    them the overhead is one constant per step fitted with the rates, which
+    cannot tell a constant overhead from streaming the weights (both are the
+    same every step of one model), so it transfers worse to other shapes. Both
+    combines (``max``, ``sum``) are fitted on a random 80% of ``samples``; the
+    one with the lower median + p90 error on the other 20% is refitted on all.
+
+    Args:
+        model: the profiled model's shape (``dtype_bytes`` = the profiled dtype).
+        samples: profiled steps of ``model``.
+        base: the built-in spec of this device kind (datasheet peaks), or None.
+        seed: seed of the held-out split.
+        overhead_samples: skeleton steps (see :class:`OverheadSample`).
+
+    Raises:
+        ProfileError: with fewer than 10 samples.
+    """
+    if len(samples) < 10:
+        raise ProfileError(f"a fit needs >= 10 profiled steps, got {len(samples)}")
+    overheads = {
+        fam: OverheadModel.fit([o for o in overhead_samples if o.family == fam])
+        for fam in FAMILIES
+        if any(o.family == fam for o in overhead_samples)
+    }
+    family = family_of(model)
+    own = overheads.get(family, OverheadModel())
+    agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+    over = own.seconds(model.num_layers, agg)
+    terms = _roofline_terms(model, samples)
+    targets = np.array([s.target_s for s in samples])
+    intercept = not overheads
+    train, test = _split(len(samples), seed)
+    held_out = {}
+    for combine in COMBINES:
+        rates = _fit_rates(terms[train], targets[train], over[train], combine, intercept)
+        predicted = _predict_rates(terms[test], rates, combine) + over[test]
+        held_out[combine] = HeldOutError.of(predicted, targets[test])
+    combine = min(held_out, key=lambda k: held_out[k].median + held_out[k].p90)
+    a, b, c = _fit_rates(terms, targets, over, combine, intercept)
+    if intercept:
+        overheads[family] = own = dataclasses.replace(own, per_step_s=c)
+    one_seq = own.seconds(model.num_layers, shape_aggregates(BatchShape.decode([1]))[None])
+    device = _device_spec(a, b, float(one_seq[0]), base)
+    return CalibratedRoofline(device, overheads, combine, held_out[combine], held_out, family)
+
+
+def _device_spec(
+    s_per_flop: float, s_per_byte: float, overhead_s: float, base: DeviceSpec | None
+) -> DeviceSpec:
+    """A DeviceSpec reaching ``1 / s_per_flop`` FLOP/s and ``1 / s_per_byte`` B/s."""
+    # NOTE: a term no sample was bound by fits to 0 s/unit; cap it at 1e18 per s.
+    flops = 1.0 / max(s_per_flop, 1e-18)
+    bandwidth = 1.0 / max(s_per_byte, 1e-18)
+    peak_flops = max(base.peak_flops, flops) if base else flops
+    peak_bw = max(base.mem_bandwidth, bandwidth) if base else bandwidth
+    return DeviceSpec(
+        name=f"{base.name if base else 'device'} (calibrated)",
+        peak_flops=peak_flops,
+        mem_bandwidth=peak_bw,
+        mem_bytes=base.mem_bytes if base else 1,
+        mfu=flops / peak_flops,
+        bandwidth_efficiency=bandwidth / peak_bw,
+        overhead_s=overhead_s,
+        dtype_bytes=base.dtype_bytes if base else 4,
+    )

@@ -1,0 +1,447 @@
+"""Step models fitted to measured steps, and the cost model that prices with them.
+
+A *sample* is one step shape with its measured seconds (:class:`ProfileSample`):
+from ``rose-run profile``'s grid, or from the steps a real run logged
+(``roseinfer.calibration.steplog``). A step's seconds are a linear combination
+of a physically shaped basis of its batch shape (:data:`BASIS_TERMS`: a fixed
+cost per step, per sequence, per token, the causal attention pairs and the
+context gathered by prefills, the decode contexts read, hinges on the token
+count) with non-negative coefficients (``scipy.optimize.nnls``, rows weighted
+by ``1 / time`` so every sample counts by its relative error). The shape of
+the basis follows the cost models of the field: BLIS's ``beta0 + beta1 *
+prefill tokens + beta2 * decode tokens``, DistServe's ``a + b * tokens + c *
+tokens^2`` prefill model, and the roofline's FLOP terms (see
+``roseinfer.calibration.cost_model``); the token hinges let the fit bend from
+the weight-streaming (flat) to the compute-bound (linear) regime, as a roofline
+does. A piecewise-linear interpolation of the samples (LLMServingSim's method)
+is fitted as well; the candidate with the lowest held-out error is kept
+(:func:`fit_step_model`).
+
+Needs numpy and scipy, never torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from roseinfer.calibration.cost_model import BatchShape
+
+BASIS_TERMS = (
+    "step",  # 1 per step: op dispatch of every layer, Python, synchronize
+    "seqs",  # per sequence: LM head row, sampling, input preparation, bookkeeping
+    "tokens",  # per computed token: the linear layers, KV write
+    "prefill_attn_pairs",  # causal (query, key) pairs of prefill chunks: attention FLOPs
+    "prefill_context_tokens",  # context each prefill gathers from the paged cache
+    "prefills",  # per prefill chunk: its own attention call per layer
+    "decode_context_tokens",  # context each decode reads: memory-bound attention
+)
+"""Aggregates of a step's batch shape the fitted models use, in column order."""
+
+TRAIN_FRACTION = 0.8  # share of samples fitted on; the rest measure held-out error
+TOKEN_KNOT_FRACTIONS = (0.01, 0.03, 0.1, 0.3)  # hinge knots as fractions of the largest step
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used (message names the problem and the fix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOutError:
+    """Relative error ``|predicted - measured| / measured`` on held-out samples.
+
+    Attributes:
+        median, p90, max: of the relative errors (fractions, 0.05 = 5%).
+        num_samples: held-out samples.
+    """
+
+    median: float
+    p90: float
+    max: float
+    num_samples: int
+
+    @classmethod
+    def of(cls, predicted: np.ndarray, measured: np.ndarray) -> HeldOutError:
+        """Errors of ``predicted`` against ``measured`` (same length, seconds)."""
+        rel = np.abs(np.asarray(predicted) - measured) / measured
+        if rel.size == 0:
+            return cls(float("nan"), float("nan"), float("nan"), 0)
+        return cls(
+            float(np.median(rel)), float(np.quantile(rel, 0.9)), float(rel.max()), int(rel.size)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSample:
+    """One profiled step shape and its timings.
+
+    Attributes:
+        kind: ``prefill``, ``decode`` or ``mixed`` (what the grid meant to cover).
+        shape: the step's batch shape.
+        times_s: seconds of each timed repetition (device part: inputs, forward,
+            sampling, synchronize).
+        host_s: modelled scheduler bookkeeping of the step (s).
+    """
+
+    kind: str
+    shape: BatchShape
+    times_s: tuple[float, ...]
+    host_s: float = 0.0
+
+    @property
+    def median_s(self) -> float:
+        """Median of the repetitions (s)."""
+        return float(np.median(self.times_s))
+
+    @property
+    def target_s(self) -> float:
+        """What a real step of this shape costs: device median + host bookkeeping (s)."""
+        return self.median_s + self.host_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The sample as a JSON-able dict (the ``samples`` rows of PROFILE.json)."""
+        return {
+            "kind": self.kind,
+            "prefill_new_tokens": self.shape.prefill_new_tokens.tolist(),
+            "prefill_context_tokens": self.shape.prefill_context_tokens.tolist(),
+            "decode_context_tokens": self.shape.decode_context_tokens.tolist(),
+            "times_s": list(self.times_s),
+            "median_s": self.median_s,
+            "host_s": self.host_s,
+        }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> ProfileSample:
+        """The inverse of :meth:`to_json`."""
+        shape = BatchShape(
+            np.asarray(row["prefill_new_tokens"], dtype=np.int64),
+            np.asarray(row["prefill_context_tokens"], dtype=np.int64),
+            np.asarray(row["decode_context_tokens"], dtype=np.int64),
+        )
+        times = tuple(float(t) for t in row["times_s"])
+        return cls(str(row["kind"]), shape, times, float(row.get("host_s", 0.0)))
+
+
+def shape_aggregates(shape: BatchShape) -> np.ndarray:
+    """The :data:`BASIS_TERMS` of one step, float64 ``[len(BASIS_TERMS)]``.
+
+    Prefill attention pairs count causal attention: a chunk of ``n`` new tokens
+    ending at context ``c`` has ``n * c - n * (n - 1) / 2`` (query, key) pairs,
+    as in :class:`~roseinfer.calibration.cost_model.RooflineCostModel`.
+    """
+    new, context = shape.prefill_new_tokens, shape.prefill_context_tokens
+    decode = shape.decode_context_tokens
+    pairs = int((new * context - new * (new - 1) // 2).sum())
+    return np.array(
+        [
+            1.0 if shape.num_seqs else 0.0,
+            float(shape.num_seqs),
+            float(shape.num_tokens),
+            float(pairs),
+            float(context.sum()),
+            float(len(new)),
+            float(decode.sum()),
+        ]
+    )
+
+
+def _decode_run_aggregates(context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+    """Aggregates ``[num_steps, len(BASIS_TERMS)]`` of a pure-decode run whose
+    contexts grow by one per step (vectorized :func:`shape_aggregates`)."""
+    num_seqs = float(len(context_tokens))
+    agg = np.zeros((num_steps, len(BASIS_TERMS)))
+    agg[:, 0] = 1.0
+    agg[:, 1] = num_seqs
+    agg[:, 2] = num_seqs
+    agg[:, 6] = float(context_tokens.sum()) + num_seqs * np.arange(num_steps)
+    return agg
+
+
+# ------------------------------------------------------------------ step models
+
+
+@dataclass(frozen=True, slots=True)
+class LinearStepModel:
+    """``seconds = features(aggregates) @ coefficients``, coefficients >= 0.
+
+    Features are the :data:`BASIS_TERMS` plus hinges ``max(0, tokens - knot)``
+    for each knot in ``token_knots`` (a convex, non-decreasing response to the
+    token count, like the roofline's ``max(bytes / bw, flops / peak)``).
+
+    Attributes:
+        name: candidate name (``linear``, ``hinge``).
+        token_knots: hinge positions (tokens).
+        coefficients: one per feature (s per unit).
+    """
+
+    name: str
+    token_knots: tuple[float, ...]
+    coefficients: tuple[float, ...]
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Names of the features, in coefficient order."""
+        return [*BASIS_TERMS, *(f"tokens_over_{k:g}" for k in self.token_knots)]
+
+    def predict(self, aggregates: np.ndarray) -> np.ndarray:
+        """Seconds of each row of ``aggregates`` ``[n, len(BASIS_TERMS)]``.
+
+        NOTE: summed column by column, not by a matrix product, so one row and
+        a whole decode run give bit-identical seconds (the simulator's jump
+        over decode runs must equal stepping one by one).
+        """
+        features = _features(aggregates, self.token_knots)
+        total = np.zeros(len(features))
+        for column, coefficient in zip(features.T, self.coefficients):
+            total = total + column * coefficient
+        return total
+
+    @classmethod
+    def fit(
+        cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, knots: Sequence[float]
+    ) -> LinearStepModel:
+        """Non-negative least squares on relative error (rows scaled by ``1 / target``).
+
+        Source: ``scipy.optimize.nnls`` (Lawson and Hanson's active-set method).
+        """
+        from scipy.optimize import nnls
+
+        features = _features(aggregates, tuple(knots))
+        scale = features.max(axis=0)
+        scale[scale == 0] = 1.0  # a term absent from every sample keeps coefficient 0
+        weighted = features / scale / targets_s[:, None]
+        solution, _ = nnls(weighted, np.ones(len(targets_s)))
+        return cls(name, tuple(float(k) for k in knots), tuple((solution / scale).tolist()))
+
+    def to_json(self) -> dict[str, Any]:
+        """Fit description for PROFILE.json: names and coefficients."""
+        return {
+            "kind": "linear",
+            "name": self.name,
+            "token_knots": list(self.token_knots),
+            "coefficients": dict(zip(self.feature_names, self.coefficients)),
+        }
+
+
+def _features(aggregates: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
+    tokens = aggregates[:, 2:3]
+    hinges = [np.maximum(0.0, tokens - k) for k in knots]
+    return np.hstack([aggregates, *hinges]) if hinges else aggregates
+
+
+@dataclass(frozen=True)
+class InterpolatedStepModel:
+    """Piecewise-linear interpolation of the samples (LLMServingSim's method).
+
+    Over three axes that carry most of a step's cost: prefill tokens, decode
+    sequences and context tokens attended (prefill + decode), so a prefill and a
+    decode batch never share a point; each axis is scaled to [0, 1] by its
+    largest sample, and values are interpolated linearly (not in log space:
+    LLMServingSim found log-space interpolation over-predicts by 9-14%) on a
+    Delaunay triangulation. Shapes outside the samples' hull take ``fallback``.
+
+    Attributes:
+        name: ``interp``.
+        points: ``[n, 3]`` sample coordinates; values_s: ``[n]`` seconds.
+        fallback: the linear model used outside the hull.
+    """
+
+    name: str
+    points: np.ndarray
+    values_s: np.ndarray
+    fallback: LinearStepModel
+
+    def __post_init__(self) -> None:
+        from scipy.interpolate import LinearNDInterpolator
+
+        scale = self.points.max(axis=0)
+        scale[scale == 0] = 1.0
+        object.__setattr__(self, "_scale", scale)
+        try:
+            interp = LinearNDInterpolator(self.points / scale, self.values_s, rescale=False)
+        except Exception:  # noqa: BLE001 -- Qhull: too few or degenerate (coplanar) samples
+            interp = None
+        object.__setattr__(self, "_interp", interp)
+
+    @staticmethod
+    def coordinates(aggregates: np.ndarray) -> np.ndarray:
+        """``[n, 3]``: prefill tokens, decode sequences, context tokens attended."""
+        decodes = aggregates[:, 1] - aggregates[:, 5]  # sequences - prefill chunks
+        prefill_tokens = aggregates[:, 2] - decodes
+        return np.column_stack([prefill_tokens, decodes, aggregates[:, 4] + aggregates[:, 6]])
+
+    def predict(self, aggregates: np.ndarray) -> np.ndarray:
+        """Seconds of each row of ``aggregates``; the fallback outside the hull."""
+        interp = self._interp  # type: ignore[attr-defined]
+        if interp is None:
+            return self.fallback.predict(aggregates)
+        values = interp(self.coordinates(aggregates) / self._scale)  # type: ignore[attr-defined]
+        outside = np.isnan(values)
+        if outside.any():
+            values[outside] = self.fallback.predict(aggregates[outside])
+        return np.asarray(values, dtype=np.float64)
+
+    def to_json(self) -> dict[str, Any]:
+        """Fit description for PROFILE.json (the samples themselves are the model)."""
+        axes = ["prefill_tokens", "decode_seqs", "context_tokens"]
+        return {"kind": "interp", "name": self.name, "axes": axes}
+
+
+StepModel = LinearStepModel | InterpolatedStepModel
+
+CandidateFit = Callable[[np.ndarray, np.ndarray], StepModel]
+
+
+def _candidates(max_tokens: float) -> dict[str, CandidateFit]:
+    """The step-model candidates, each a function ``(aggregates, targets) -> model``."""
+    knots = tuple(
+        sorted({round(f * max_tokens) for f in TOKEN_KNOT_FRACTIONS if f * max_tokens > 1})
+    )
+
+    def linear(agg: np.ndarray, y: np.ndarray) -> StepModel:
+        return LinearStepModel.fit("linear", agg, y, ())
+
+    def hinge(agg: np.ndarray, y: np.ndarray) -> StepModel:
+        return LinearStepModel.fit("hinge", agg, y, knots)
+
+    def interp(agg: np.ndarray, y: np.ndarray) -> StepModel:
+        fallback = LinearStepModel.fit("hinge", agg, y, knots)
+        return InterpolatedStepModel("interp", InterpolatedStepModel.coordinates(agg), y, fallback)
+
+    return {"linear": linear, "hinge": hinge, "interp": interp}
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """The chosen step model and how every candidate did on held-out samples.
+
+    Attributes:
+        model: the chosen candidate, refitted on all samples.
+        held_out: per candidate, its error on the held-out split.
+        seed: seed of the random split; train_fraction: share fitted on.
+    """
+
+    model: StepModel
+    held_out: dict[str, HeldOutError]
+    seed: int
+    train_fraction: float = TRAIN_FRACTION
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``fit`` section of PROFILE.json."""
+        return {
+            "chosen": self.model.name,
+            "model": self.model.to_json(),
+            "held_out": {k: dataclasses.asdict(v) for k, v in self.held_out.items()},
+            "split_seed": self.seed,
+            "train_fraction": self.train_fraction,
+            "selection": "lowest median + p90 held-out relative error; a simpler "
+            f"candidate wins unless beaten by {SIMPLER_WINS_WITHIN:.0%}",
+        }
+
+
+def _split(num_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(num_samples)
+    num_train = max(1, int(round(TRAIN_FRACTION * num_samples)))
+    return np.sort(order[:num_train]), np.sort(order[num_train:])
+
+
+def fit_step_model(samples: Sequence[ProfileSample], seed: int = 0) -> StepFit:
+    """Fit every candidate on a random split, keep the best, refit it on all samples.
+
+    The score is median + p90 relative error on the held-out samples (20%):
+    the median tracks typical steps (p50 metrics), the p90 the tails (p99).
+
+    Raises:
+        ProfileError: with fewer than 10 samples.
+    """
+    if len(samples) < 10:
+        raise ProfileError(f"a fit needs >= 10 profiled steps, got {len(samples)}")
+    agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+    targets = np.array([s.target_s for s in samples])
+    train, test = _split(len(samples), seed)
+    candidates = _candidates(float(agg[:, 2].max()))
+    held_out = {}
+    for name, fit in candidates.items():
+        model = fit(agg[train], targets[train])
+        held_out[name] = HeldOutError.of(model.predict(agg[test]), targets[test])
+    best = _select(held_out)
+    return StepFit(candidates[best](agg, targets), held_out, seed)
+
+
+SIMPLER_WINS_WITHIN = 0.10  # a more complex candidate must beat a simpler one by 10%
+
+
+def _select(held_out: dict[str, HeldOutError]) -> str:
+    """The candidate with the lowest median + p90 held-out error; a simpler one
+    (earlier in ``held_out``) wins unless beaten by :data:`SIMPLER_WINS_WITHIN`.
+
+    NOTE: the held-out split is ~20 noisy shapes, so small score gaps are noise,
+    and a parametric model extrapolates beyond the grid where interpolation
+    cannot.
+    """
+    best = None
+    for name, err in held_out.items():
+        score = err.median + err.p90
+        if best is None or score < (1 - SIMPLER_WINS_WITHIN) * best[1]:
+            best = (name, score)
+    assert best is not None
+    return best[0]
+
+
+# ------------------------------------------------------------------ cost models
+
+
+class ProfiledCostModel:
+    """A :class:`~roseinfer.calibration.cost_model.CostModel` fitted from a profile.
+
+    Prices steps of the profiled model on the profiled device. Vectorized for
+    multi-step decode runs (one matrix product over the run's aggregates).
+
+    Args:
+        model: the fitted step model (see :func:`fit_step_model`).
+        label: what was profiled, e.g. ``gpt2 float32 on cpu (2 threads)``.
+        held_out: the chosen fit's held-out error, shown by :meth:`describe`.
+    """
+
+    name = "profiled"
+
+    def __init__(self, model: StepModel, label: str, held_out: HeldOutError | None = None) -> None:
+        self.model = model
+        self.label = label
+        self.held_out = held_out
+
+    def step_time_s(self, shape: BatchShape) -> float:
+        """Seconds one step with this batch takes; 0.0 for an empty batch."""
+        if shape.is_empty:
+            return 0.0
+        return float(self.model.predict(shape_aggregates(shape)[None, :])[0])
+
+    def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
+        """Seconds of ``num_steps`` pure-decode steps; step ``j`` sees ``context_tokens + j``.
+
+        Raises:
+            ValueError: if ``num_steps < 0`` or a context is < 1.
+        """
+        context = BatchShape.decode(context_tokens).decode_context_tokens
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+        if context.size == 0 or num_steps == 0:
+            return np.zeros(num_steps, dtype=np.float64)
+        return self.model.predict(_decode_run_aggregates(context, num_steps))
+
+    def describe(self) -> str:
+        """One line: what was profiled, the chosen fit and its held-out error."""
+        err = self.held_out
+        tail = (
+            f"; held-out error median {err.median:.1%}, p90 {err.p90:.1%}"
+            if err is not None and err.num_samples
+            else ""
+        )
+        return f"profiled: {self.label}; fit {self.model.name}{tail}"
+
+    def __repr__(self) -> str:
+        return f"ProfiledCostModel({self.describe()})"
