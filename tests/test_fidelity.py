@@ -156,40 +156,6 @@ def test_real_executor_against_a_quick_profile(tmp_path):
     assert not math.isnan(report.table["real"].sum())
 
 
-@pytest.mark.parametrize("combo", ["fifo/prefill-first", "budget/decode-first", "pack/mixed"])
-def test_replay_with_measured_step_times_reproduces_the_real_run(combo):
-    """The decomposed report's replay part: the simulator priced by a real run's
-    own step log reproduces that run. Both backends share the scheduler and see
-    arrivals at the same step boundaries, so every step's shape agrees and every
-    token time matches (a bound that does not depend on the machine's speed)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from roseinfer.calibration.replay import ReplayCostModel
-    from roseinfer.calibration.report import replay_error
-    from roseinfer.executor.models import build_model
-    from roseinfer.executor.replay import ExecutorReplay
-
-    torch.set_num_threads(1)
-    model, hf_config, _ = build_model("tiny-gpt2", seed=0, dtype=torch.float32, device="cpu")
-    base = dataclasses.replace(BASE, num_kv_blocks=48)  # small: forces preemptions too
-    config = next(c.config for c in default_combinations(base, prefill_max_tokens=64,
-                                                         chunk_tokens=32) if c.name == combo)  # fmt: skip
-    reqs = requests(n=14, vocab=hf_config.vocab_size, gap_s=0.003)
-    real = ExecutorReplay(model, device="cpu", dtype=torch.float32, warmup=False)(reqs, config)
-    assert real.steps and len(real.steps) == real.info["num_steps"]
-    oracle = ReplayCostModel(real.steps, ConstantCost(1.0))
-    replay = simulate_output(reqs, config, oracle, jump=False)
-    assert oracle.num_agreed == len(real.steps) == oracle.num_priced, oracle.describe()
-    err = replay_error(real, replay)
-    assert err["max_abs_rel_error"] < 0.02, err
-    assert err["per_request"]["e2el"]["max"] < 0.02, err
-    a = real.records.set_index("request_id")
-    b = replay.records.set_index("request_id").loc[a.index]
-    assert (a["num_preemptions"].to_numpy() == b["num_preemptions"].to_numpy()).all()
-    for x, y in zip(a["token_times_s"], b["token_times_s"]):
-        assert np.allclose(x, y, rtol=0, atol=1e-4)
-
-
 def test_step_model_error_reads_drift_and_by_kind():
     """A model priced 20% slow on every step reads as a median ratio of 1.2."""
     from roseinfer.calibration.report import step_model_error
