@@ -14,15 +14,18 @@ No torch here: the simulator runs without it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from roseinfer.calibration.specs import DeviceSpec, ModelSpec, get_device_spec, get_model_spec
+from roseinfer.scheduler import StepTotals
 
 __all__ = [
     "BatchShape",
+    "StepTotals",
     "CostModel",
     "RooflineCostModel",
     "loop_decode_run_times_s",
@@ -33,10 +36,6 @@ __all__ = [
 _Num = float | np.ndarray  # a scalar or a float64 array: the same arithmetic on both
 
 
-def _empty_tokens() -> np.ndarray:
-    return np.zeros(0, dtype=np.int64)
-
-
 def _as_tokens(values: object, what: str) -> np.ndarray:
     """A 1-D int64 view of ``values`` (no copy when it already is one)."""
     tokens = np.asarray(values, dtype=np.int64)
@@ -45,11 +44,14 @@ def _as_tokens(values: object, what: str) -> np.ndarray:
     return tokens
 
 
-@dataclass(frozen=True, slots=True)
 class BatchShape:
     """What one iteration computes, as the cost model sees it.
 
-    All arrays are 1-D int64 token counts; any may be empty.
+    All arrays are 1-D int64 token counts; any may be empty. Cost models read
+    the :meth:`totals` (counts and sums); the arrays are there for the models
+    and reports that need each sequence. A shape made by the simulator from a
+    scheduler output (:meth:`lazy`) carries the totals the scheduler counted
+    while planning and builds its arrays only when asked.
 
     Attributes:
         prefill_new_tokens: per prefilling sequence, tokens computed this
@@ -64,17 +66,17 @@ class BatchShape:
         ValueError: on a wrong shape, a length mismatch or a count out of range.
     """
 
-    prefill_new_tokens: np.ndarray = field(default_factory=_empty_tokens)
-    prefill_context_tokens: np.ndarray = field(default_factory=_empty_tokens)
-    decode_context_tokens: np.ndarray = field(default_factory=_empty_tokens)
+    __slots__ = ("_arrays", "_source", "_totals")
 
-    def __post_init__(self) -> None:
-        new = _as_tokens(self.prefill_new_tokens, "prefill_new_tokens")
-        context = _as_tokens(self.prefill_context_tokens, "prefill_context_tokens")
-        decode = _as_tokens(self.decode_context_tokens, "decode_context_tokens")
-        object.__setattr__(self, "prefill_new_tokens", new)
-        object.__setattr__(self, "prefill_context_tokens", context)
-        object.__setattr__(self, "decode_context_tokens", decode)
+    def __init__(
+        self,
+        prefill_new_tokens: object = (),
+        prefill_context_tokens: object = (),
+        decode_context_tokens: object = (),
+    ) -> None:
+        new = _as_tokens(prefill_new_tokens, "prefill_new_tokens")
+        context = _as_tokens(prefill_context_tokens, "prefill_context_tokens")
+        decode = _as_tokens(decode_context_tokens, "decode_context_tokens")
         if len(new) != len(context):
             raise ValueError(
                 f"{len(new)} prefill_new_tokens but {len(context)} prefill_context_tokens"
@@ -83,15 +85,26 @@ class BatchShape:
             raise ValueError("prefill needs 1 <= new tokens <= context tokens per sequence")
         if decode.size and decode.min() < 1:
             raise ValueError("decode_context_tokens must be >= 1")
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (new, context, decode)
+        self._source: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._totals: StepTotals | None = None
 
     @classmethod
     def trusted(cls, new: np.ndarray, context: np.ndarray, decode: np.ndarray) -> BatchShape:
-        """A shape from int64 arrays already known valid (built from a scheduler
-        output), without the checks: the simulator makes one per step."""
-        shape = object.__new__(cls)
-        object.__setattr__(shape, "prefill_new_tokens", new)
-        object.__setattr__(shape, "prefill_context_tokens", context)
-        object.__setattr__(shape, "decode_context_tokens", decode)
+        """A shape from int64 arrays already known valid, without the checks."""
+        shape = cls.__new__(cls)
+        shape._arrays, shape._source, shape._totals = (new, context, decode), None, None
+        return shape
+
+    @classmethod
+    def lazy(
+        cls,
+        totals: StepTotals,
+        source: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]],
+    ) -> BatchShape:
+        """A shape known by its ``totals``, whose arrays ``source()`` makes when asked."""
+        shape = cls.__new__(cls)
+        shape._arrays, shape._source, shape._totals = None, source, totals
         return shape
 
     @classmethod
@@ -99,20 +112,60 @@ class BatchShape:
         """A pure-decode step over sequences with these context lengths."""
         return cls(decode_context_tokens=_as_tokens(context_tokens, "context_tokens"))
 
+    def _get(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            assert self._source is not None
+            self._arrays = self._source()
+        return self._arrays
+
+    @property
+    def prefill_new_tokens(self) -> np.ndarray:
+        """Per prefilling sequence, tokens computed this step."""
+        return self._get()[0]
+
+    @property
+    def prefill_context_tokens(self) -> np.ndarray:
+        """Per prefilling sequence, its context after this step."""
+        return self._get()[1]
+
+    @property
+    def decode_context_tokens(self) -> np.ndarray:
+        """Per decoding sequence, its context including the token decoded."""
+        return self._get()[2]
+
+    def totals(self) -> StepTotals:
+        """Counts and sums of the step (what every cost model reads)."""
+        if self._totals is None:
+            new, context, decode = self._get()
+            num_prefills, num_decodes = len(new), len(decode)
+            self._totals = StepTotals(
+                num_prefills + num_decodes,
+                int(new.sum()) + num_decodes,
+                num_prefills,
+                int((new * context - new * (new - 1) // 2).sum()),
+                int(context.sum()),
+                int(decode.sum()),
+            )
+        return self._totals
+
     @property
     def num_seqs(self) -> int:
         """Sequences in the step (prefilling + decoding)."""
-        return len(self.prefill_new_tokens) + len(self.decode_context_tokens)
+        return self.totals().num_seqs
 
     @property
     def num_tokens(self) -> int:
         """Tokens computed this step: new prefill tokens + one per decode."""
-        return int(self.prefill_new_tokens.sum()) + len(self.decode_context_tokens)
+        return self.totals().num_tokens
 
     @property
     def is_empty(self) -> bool:
         """True when nothing is computed."""
-        return self.num_seqs == 0
+        return self.totals().num_seqs == 0
+
+    def __repr__(self) -> str:
+        new, context, decode = self._get()
+        return f"BatchShape(prefill={new.tolist()}/{context.tolist()}, decode={decode.tolist()})"
 
 
 @runtime_checkable
@@ -247,17 +300,19 @@ class RooflineCostModel:
         Raises:
             ValueError: if ``num_steps < 0`` or a context is < 1.
         """
-        context = BatchShape.decode(context_tokens).decode_context_tokens
+        context = np.asarray(context_tokens, dtype=np.int64)
         if num_steps < 0:
             raise ValueError(f"num_steps must be >= 0, got {num_steps}")
         if context.size == 0:
             return np.zeros(num_steps, dtype=np.float64)
+        if context.ndim != 1 or context.min() < 1:
+            raise ValueError("context_tokens must be a 1-D array of counts >= 1")
         num_seqs = float(len(context))
         # Every context grows by one per step, so the summed context grows by
-        # num_seqs per step; the sum is exact in int64, as in step_time_s.
-        sum_context = int(context.sum()) + len(context) * np.arange(num_steps, dtype=np.int64)
-        sum_context_f = sum_context.astype(np.float64)
-        return np.asarray(self._time_s(num_seqs, num_seqs, sum_context_f, sum_context_f))
+        # num_seqs per step: exact in float64 (integers far below 2**53), so the
+        # same values step_time_s sums.
+        sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + float(context.sum())
+        return np.asarray(self._time_s(num_seqs, num_seqs, sum_context, sum_context))
 
     def describe(self) -> str:
         """One line: model, dtype, device, parallelism, achievable peaks, overhead."""
@@ -277,18 +332,12 @@ class RooflineCostModel:
     @staticmethod
     def _aggregates(shape: BatchShape) -> tuple[float, float, float, float]:
         """(tokens computed, sequences, attention query-key pairs, KV tokens read)."""
-        new = shape.prefill_new_tokens
-        context = shape.prefill_context_tokens
-        decode = shape.decode_context_tokens
-        prefill_pairs = int((new * context - new * (new - 1) // 2).sum())
-        sum_decode = int(decode.sum())
-        num_tokens = int(new.sum()) + len(decode)
-        kv_read_tokens = int(context.sum()) + sum_decode
+        t = shape.totals()
         return (
-            float(num_tokens),
-            float(shape.num_seqs),
-            float(prefill_pairs + sum_decode),
-            float(kv_read_tokens),
+            float(t.num_tokens),
+            float(t.num_seqs),
+            float(t.prefill_attn_pairs + t.decode_context_tokens),
+            float(t.prefill_context_tokens + t.decode_context_tokens),
         )
 
     # The helpers below take Python floats (step_time_s) or float64 arrays

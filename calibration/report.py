@@ -346,7 +346,10 @@ def step_model_error(cost_model: CostModel, steps: Sequence[StepRecord]) -> Step
         big = prefill_tokens >= cut
         by_kind[f"prefill>={cut:.0f}"] = _errors(predicted[big], measured[big])
     return StepModelError(
-        overall["median"], overall["p90"], overall["median_ratio"], int(overall["num_steps"]),
+        overall["median"],
+        overall["p90"],
+        overall["median_ratio"],
+        int(overall["num_steps"]),
         by_kind,
     )
 

@@ -133,18 +133,16 @@ def shape_aggregates(shape: BatchShape) -> np.ndarray:
     ending at context ``c`` has ``n * c - n * (n - 1) / 2`` (query, key) pairs,
     as in :class:`~roseinfer.calibration.cost_model.RooflineCostModel`.
     """
-    new, context = shape.prefill_new_tokens, shape.prefill_context_tokens
-    decode = shape.decode_context_tokens
-    pairs = int((new * context - new * (new - 1) // 2).sum())
+    t = shape.totals()
     return np.array(
         [
-            1.0 if shape.num_seqs else 0.0,
-            float(shape.num_seqs),
-            float(shape.num_tokens),
-            float(pairs),
-            float(context.sum()),
-            float(len(new)),
-            float(decode.sum()),
+            1.0 if t.num_seqs else 0.0,
+            float(t.num_seqs),
+            float(t.num_tokens),
+            float(t.prefill_attn_pairs),
+            float(t.prefill_context_tokens),
+            float(t.num_prefills),
+            float(t.decode_context_tokens),
         ]
     )
 

@@ -204,7 +204,7 @@ class Engine:
 
     # ------------------------------------------------------------- stepping
     def decode_run_length(
-        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+        self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
     ) -> int:
         """The executor runs one forward per output (the Backend protocol)."""
         return 1
@@ -317,8 +317,8 @@ class Engine:
         scheduler applies it."""
         failed = [item for item in out.scheduled if item.seq.request_id in self.failed]
         for item in failed:
-            out.scheduled.remove(item)
             seq = item.seq
+            out.remove(seq)
             self.scheduler.abort(seq.request_id, self.now_s())
             seq.reject_reason = f"sampling failed: {self.failed[seq.request_id]!r}"
             self._seq_generators.pop(seq.seq_id, None)

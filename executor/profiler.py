@@ -54,7 +54,7 @@ from roseinfer.executor.warmup import scratch_inputs, warm_up
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import load_registry
 from roseinfer.request import Request
-from roseinfer.scheduler import Scheduler, SchedulerOutput
+from roseinfer.scheduler import Scheduler, SchedulerOutput, StepTotals
 
 DEFAULT_REPETITIONS = 3
 MIN_PREFILL_TOKENS = 2  # a 1-token chunk runs as a decode in the runner
@@ -282,25 +282,16 @@ class _ProbeBackend:
 
     def __init__(self, step_s: float) -> None:
         self.step_s = step_s
-        self.calls: list[tuple[float, BatchShape]] = []
+        self.calls: list[tuple[float, StepTotals]] = []
 
     def decode_run_length(
-        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+        self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
     ) -> int:
         return 1
 
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
-        self.calls.append((time.perf_counter(), _batch_shape(out)))
+        self.calls.append((time.perf_counter(), out.totals()))
         return StepResult([now_s + self.step_s])
-
-
-def _batch_shape(out: SchedulerOutput) -> BatchShape:
-    prefills = out.prefills
-    return BatchShape(
-        np.array([p.num_new_tokens for p in prefills], dtype=np.int64),
-        np.array([p.num_context_tokens for p in prefills], dtype=np.int64),
-        np.array([d.num_context_tokens for d in out.decodes], dtype=np.int64),
-    )
 
 
 def _probe_run(requests: list[Request], config: SchedulerConfig) -> _ProbeBackend:

@@ -57,11 +57,11 @@ class Backend(Protocol):
     """Executes scheduler outputs: a cost model (simulator) or a model (executor)."""
 
     def decode_run_length(
-        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+        self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
     ) -> int:
-        """How many of the ``max_steps`` (> 1) uneventful decode steps the scheduler
-        allows to plan as one output (1..max_steps). A backend that runs one step
-        at a time returns 1."""
+        """How many of the ``max_steps`` (> 1) uneventful decode steps the planned
+        decode output ``out`` should cover (1..max_steps). A backend that runs one
+        step at a time returns 1."""
         ...
 
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
@@ -96,18 +96,14 @@ class VirtualClock:
         self._now_s = max(self._now_s, time_s)
 
 
-def step_once(
-    scheduler: Scheduler,
-    backend: Backend,
-    now_s: float,
-    next_arrival_s: float = math.inf,
-    on_step: StepObserver | None = None,
+def plan_step(
+    scheduler: Scheduler, backend: Backend, now_s: float, next_arrival_s: float = math.inf
 ) -> tuple[SchedulerOutput, StepResult | None]:
-    """Plan one scheduler output at ``now_s``, execute it and apply its result.
+    """Plan one scheduler output at ``now_s`` and execute it (not yet applied).
 
-    Uneventful decode steps may be planned as one multi-step output when the
-    scheduler allows it (:meth:`Scheduler.max_uneventful_decode_steps`) and the
-    backend agrees (``decode_run_length``, which stops before ``next_arrival_s``).
+    A pure decode step that can run uneventfully (:meth:`Scheduler.max_decode_run`)
+    is extended to the steps the backend asks for (``decode_run_length``, which
+    stops before ``next_arrival_s``) and the KV pool holds.
 
     Returns:
         The output and its result; the result is None when the output is empty
@@ -116,16 +112,49 @@ def step_once(
     Raises:
         PolicyError: if a policy answer is invalid.
     """
-    num_steps = scheduler.max_uneventful_decode_steps()
-    if num_steps > 1:
-        num_steps = backend.decode_run_length(scheduler, now_s, next_arrival_s, num_steps)
-    out = scheduler.schedule(now_s, num_steps)
+    out = scheduler.schedule(now_s)
     if out.is_empty:
         return out, None
-    result = backend.execute(out, now_s)
+    max_steps = scheduler.max_decode_run(out)
+    if max_steps > 1:
+        num_steps = backend.decode_run_length(out, now_s, next_arrival_s, max_steps)
+        scheduler.extend_decode_run(out, num_steps)
+    return out, backend.execute(out, now_s)
+
+
+def apply_step(
+    scheduler: Scheduler,
+    out: SchedulerOutput,
+    start_s: float,
+    result: StepResult,
+    on_step: StepObserver | None = None,
+) -> None:
+    """Apply an executed output's result (tokens, finishes) and report the step."""
     scheduler.update(out, result.end_times_s, result.sampled_token_ids)
     if on_step is not None:
-        on_step(out, now_s, result)
+        on_step(out, start_s, result)
+
+
+def step_once(
+    scheduler: Scheduler,
+    backend: Backend,
+    now_s: float,
+    next_arrival_s: float = math.inf,
+    on_step: StepObserver | None = None,
+) -> tuple[SchedulerOutput, StepResult | None]:
+    """The step cycle every loop runs: plan, execute, apply (:func:`plan_step`,
+    :func:`apply_step`). A cluster replica plans at the step's start and applies
+    at its end, with other replicas' events in between.
+
+    Returns:
+        The output and its result (None when nothing can run now).
+
+    Raises:
+        PolicyError: if a policy answer is invalid.
+    """
+    out, result = plan_step(scheduler, backend, now_s, next_arrival_s)
+    if result is not None:
+        apply_step(scheduler, out, now_s, result, on_step)
     return out, result
 
 

@@ -68,9 +68,10 @@ class StepLog:
     def append(self, end_times_s: SequenceABC[float], *, carries_decodes: bool) -> None:
         """Log consecutive steps ending at ``end_times_s`` (s)."""
         first = self.num_steps
-        self._end_s.extend(float(t) for t in end_times_s)
+        ends = end_times_s if isinstance(end_times_s, list) else list(end_times_s)
+        self._end_s.fromlist(ends)
         if carries_decodes:
-            self._decode_steps.extend(range(first, self.num_steps))
+            self._decode_steps.fromlist(list(range(first, first + len(ends))))
 
     def release(self, before_step: int) -> None:
         """Forget the steps with index < ``before_step`` (their token times can no
@@ -104,8 +105,13 @@ class StepLog:
                 raise IndexError(f"step {first} was released (steps before {base} are gone)")
             lo = int(np.searchsorted(decode_idx, first, side="right"))
             hi = int(np.searchsorted(decode_idx, last, side="right"))
+            if hi - lo == last - first:  # every step after the first token decoded it
+                parts.append(end_s[first - base : last - base + 1])
+                continue
             parts.append(end_s[first - base : first - base + 1])
             parts.append(end_s[decode_idx[lo:hi] - base])
+        if len(parts) == 1:
+            return parts[0].copy()  # NOTE: a view would pin the log's buffer (no appends)
         if not parts:
             return np.empty(0)
         return np.concatenate(parts)

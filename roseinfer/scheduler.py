@@ -15,9 +15,10 @@ so the simulator and the executor differ only in the backend and the clock.
 
 A decode output may cover several consecutive decode steps (``num_steps > 1``,
 as vLLM's multi-step scheduling) when nothing can change in between:
-:meth:`Scheduler.max_uneventful_decode_steps` says how many, and
-``schedule(now, num_decode_steps=k)`` plans them. The result equals scheduling
-the steps one by one (a test checks it).
+:meth:`Scheduler.max_decode_run` says how many, and
+:meth:`Scheduler.extend_decode_run` extends it. The result equals scheduling
+the steps one by one (a hypothesis test checks records, preemptions and
+hit rates).
 
 Requests leave the scheduler when they end (finished, rejected, aborted):
 :meth:`Scheduler.pop_ended` hands them to the caller, which turns them into
@@ -26,11 +27,13 @@ records, so memory does not grow with the length of a trace.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from roseinfer.block_manager import BLOCK_HASHERS, BlockManager
 from roseinfer.config import SchedulerConfig
@@ -46,6 +49,28 @@ from roseinfer.interface import (
 from roseinfer.records import StepLog
 from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
+
+
+class StepTotals(NamedTuple):
+    """Counts and sums of one step: all a cost model needs to price it.
+
+    Attributes:
+        num_seqs: requests in the step (prefilling + decoding).
+        num_tokens: tokens computed (new prefill tokens + one per decode).
+        num_prefills: prefill items (whole prompts or chunks).
+        prefill_attn_pairs: causal (query, key) pairs of the prefill items: a
+            chunk of ``n`` new tokens ending at context ``c`` has
+            ``n * c - n * (n - 1) / 2``.
+        prefill_context_tokens: summed context of the prefill items after the step.
+        decode_context_tokens: summed context of the decodes, the decoded token included.
+    """
+
+    num_seqs: int
+    num_tokens: int
+    num_prefills: int
+    prefill_attn_pairs: int
+    prefill_context_tokens: int
+    decode_context_tokens: int
 
 
 @dataclass(slots=True)
@@ -76,40 +101,59 @@ class ScheduledSeq:
         return self.num_computed_tokens + self.num_new_tokens
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
     """The plan of one step (or ``num_steps`` identical-shape decode steps).
+
+    Decodes are held as the requests themselves (every one computes its last
+    token and samples the next), prefills as explicit items; :attr:`scheduled`
+    gives both as :class:`ScheduledSeq` items. The totals a cost model reads
+    (:meth:`totals`) are counted while planning, so no backend walks the batch
+    again to price it.
 
     Attributes:
         step_index: index of the (first) step in the run's step log.
         phase: the phase planned; None for an empty output (nothing to run now).
-        scheduled: every request in the step, decodes first, then prefill chunks
-            in the order they were scheduled.
+        decodes: the decoding requests, in running-set order.
+        decode_contexts: each decode's context after the (first) step (tokens),
+            as planned (the requests' own counts move on when the step is applied).
+        prefills: the prefill items (whole prompts or chunks), in scheduling order.
         num_steps: consecutive decode steps this output covers (1 unless a
             multi-step decode run).
         preempted: requests preempted (by recompute) while planning this step.
+        decode_context_tokens: summed context of the decodes after the (first)
+            step (tokens).
     """
 
-    step_index: int
-    phase: Phase | None
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    num_steps: int = 1
-    preempted: list[Sequence] = field(default_factory=list)
+    __slots__ = (
+        "step_index", "phase", "decodes", "decode_contexts", "prefills", "num_steps",
+        "preempted", "decode_context_tokens", "_items",
+    )  # fmt: skip
+
+    def __init__(self, step_index: int, phase: Phase | None) -> None:
+        self.step_index = step_index
+        self.phase = phase
+        self.decodes: list[Sequence] = []
+        self.decode_contexts: list[int] = []
+        self.prefills: list[ScheduledSeq] = []
+        self.num_steps = 1
+        self.preempted: list[Sequence] = []
+        self.decode_context_tokens = 0
+        self._items: list[ScheduledSeq] | None = None
 
     @property
     def is_empty(self) -> bool:
         """True when there is nothing to run."""
-        return not self.scheduled
+        return not (self.decodes or self.prefills)
 
     @property
-    def prefills(self) -> list[ScheduledSeq]:
-        """The prefill items (whole prompts or chunks), in scheduling order."""
-        return [item for item in self.scheduled if not item.is_decode]
-
-    @property
-    def decodes(self) -> list[ScheduledSeq]:
-        """The decode items, in running-set order."""
-        return [item for item in self.scheduled if item.is_decode]
+    def scheduled(self) -> list[ScheduledSeq]:
+        """Every request in the (first) step: decodes first, then prefill chunks in
+        the order they were scheduled (decode items made on first use)."""
+        if self._items is None:
+            decodes = [ScheduledSeq(s, c - 1, 1, True, True)
+                       for s, c in zip(self.decodes, self.decode_contexts)]  # fmt: skip
+            self._items = decodes + self.prefills
+        return self._items
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -117,19 +161,44 @@ class SchedulerOutput:
         return {item.seq.request_id: item.num_new_tokens for item in self.scheduled}
 
     @property
-    def num_batched_tokens(self) -> int:
-        """Tokens computed by the (first) step."""
-        return sum(item.num_new_tokens for item in self.scheduled)
-
-    @property
     def num_prefill_tokens(self) -> int:
         """Tokens computed by the prefill items of the step."""
-        return sum(item.num_new_tokens for item in self.scheduled if not item.is_decode)
+        return sum(item.num_new_tokens for item in self.prefills)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens computed by the (first) step."""
+        return len(self.decodes) + self.num_prefill_tokens
 
     @property
     def sampling(self) -> list[ScheduledSeq]:
         """The items that sample a token, in order (one sampled id each from the executor)."""
         return [item for item in self.scheduled if item.samples]
+
+    def totals(self) -> StepTotals:
+        """What the (first) step computes, as every cost model reads it."""
+        num_tokens = pairs = context = 0
+        for p in self.prefills:
+            n, c = p.num_new_tokens, p.num_computed_tokens + p.num_new_tokens
+            num_tokens += n
+            pairs += n * c - n * (n - 1) // 2
+            context += c
+        num_decodes = len(self.decodes)
+        return StepTotals(
+            len(self.prefills) + num_decodes, num_tokens + num_decodes, len(self.prefills),
+            pairs, context, self.decode_context_tokens,
+        )  # fmt: skip
+
+    def remove(self, seq: Sequence) -> None:
+        """Take ``seq`` out of the planned step (its sampling failed, or it was
+        preempted while planning)."""
+        if seq in self.decodes:
+            i = self.decodes.index(seq)
+            del self.decodes[i]
+            self.decode_context_tokens -= self.decode_contexts.pop(i)
+        else:
+            self.prefills = [p for p in self.prefills if p.seq is not seq]
+        self._items = None
 
 
 class _StepTokens:
@@ -154,6 +223,10 @@ class _StepTokens:
     @property
     def prefill_room(self) -> float:
         return min(self.batched, self.prefill)
+
+
+def _admission_order(seq: Sequence) -> int:
+    return seq.admission_index
 
 
 def _limit(value: float) -> int | None:
@@ -183,17 +256,12 @@ class _ReadOnlyView(SequenceABC[Sequence]):
 
 def _report(out: SchedulerOutput, end_s: float) -> StepReport:
     """What each request of ``out`` computed, for ``observe_step``."""
-    extra = out.num_steps - 1
-    items = tuple(
-        StepItem(
-            item.seq,
-            item.seq.request.tenant,
-            item.num_new_tokens + (extra if item.is_decode else 0),
-            item.is_decode,
-        )
-        for item in out.scheduled
-    )
-    return StepReport(end_s, out.num_steps, items)
+    k = out.num_steps
+    decodes = [StepItem(s, s.request.tenant, k, True) for s in out.decodes]
+    prefills = [
+        StepItem(p.seq, p.seq.request.tenant, p.num_new_tokens, False) for p in out.prefills
+    ]
+    return StepReport(end_s, k, tuple(decodes + prefills))
 
 
 class Scheduler:
@@ -231,9 +299,10 @@ class Scheduler:
         )
         self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order
+        self.prefilling: list[Sequence] = []  # running, (re)prefill unfinished, admission order
+        self.decoding: list[Sequence] = []  # running, prefill complete, admission order
         self.num_submitted = 0
-        self.num_prefilling = 0  # running requests whose (re)prefill is unfinished
         self.num_preemptions = 0
         self.max_used_blocks = 0
         self._admission_round = 0
@@ -242,6 +311,8 @@ class Scheduler:
         self._ended: list[Sequence] = []
         self._acts = bool(policy.may_preempt or policy.may_drop)  # see _policy_actions
         self._observes = bool(policy.observes_steps)
+        self._num_admissions = 0  # stays begun: orders the decoding list by admission
+        self._num_may_stop = 0  # running requests that may stop early (not ignore_eos)
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request, now_s: float) -> Sequence:
@@ -325,14 +396,12 @@ class Scheduler:
         log.release(oldest)
 
     # ---------------------------------------------------------------- schedule
-    def schedule(self, now_s: float, num_decode_steps: int = 1) -> SchedulerOutput:
-        """Plan the next step.
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        """Plan the next step (a pure decode step may then be extended to a run of
+        steps: :meth:`max_decode_run`, :meth:`extend_decode_run`).
 
         Args:
             now_s: current time in seconds.
-            num_decode_steps: when the step is a pure decode step, let it cover
-                this many consecutive decode steps; at most
-                :meth:`max_uneventful_decode_steps` (checked).
 
         Returns:
             A :class:`SchedulerOutput`; empty when there is nothing to run (no
@@ -340,22 +409,19 @@ class Scheduler:
 
         Raises:
             PolicyError: if a policy answer is invalid.
-            ValueError: if ``num_decode_steps`` exceeds what can run uneventfully.
         """
         # by the policy itself, then by phases that had nothing to run
         preempted = self._policy_actions(now_s) if self._acts and self.waiting else []
         for phase in self._next_phases(now_s):
             out = self._plan(phase, now_s)
             if not out.is_empty:
-                if num_decode_steps > 1:
-                    self._extend_decode_run(out, num_decode_steps)
                 out.preempted[:0] = preempted
                 return out
             preempted += out.preempted
         # A whole iteration ran nothing (e.g. a prefill-only order with no room to
         # admit, or decode phases whose only decode was preempted): run the work
         # that is left, so running requests never idle.
-        if len(self.running) > self.num_prefilling:
+        if self.decoding:
             fallback: Phase | None = Phase.DECODE
         else:
             fallback = Phase.PREFILL if self._has_prefill_work() else None
@@ -363,7 +429,9 @@ class Scheduler:
             out = self._plan(fallback, now_s)
             out.preempted[:0] = preempted
             return out
-        return SchedulerOutput(self.step_log.num_steps, None, preempted=preempted)
+        out = SchedulerOutput(self.step_log.num_steps, None)
+        out.preempted = preempted
+        return out
 
     def _next_phases(self, now_s: float) -> Iterator[Phase]:
         """The rest of the current iteration, then (once) a whole new one."""
@@ -374,7 +442,7 @@ class Scheduler:
             yield self._phases.popleft()
 
     def _iteration_phases(self, now_s: float) -> tuple[Phase, ...]:
-        has_decodes = len(self.running) > self.num_prefilling
+        has_decodes = bool(self.decoding)
         if not self._has_prefill_work():
             return (Phase.DECODE,) if has_decodes else ()
         if not has_decodes:
@@ -396,7 +464,7 @@ class Scheduler:
         return min(cfg.effective_prefill_max_seqs, cfg.max_num_seqs - len(self.running))
 
     def _has_prefill_work(self) -> bool:
-        return self.num_prefilling > 0 or (bool(self.waiting) and self._free_seats() > 0)
+        return bool(self.prefilling) or (bool(self.waiting) and self._free_seats() > 0)
 
     def _context(self, now_s: float) -> PolicyContext:
         bm = self.block_manager
@@ -481,28 +549,28 @@ class Scheduler:
     def _schedule_decodes(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
         """One token for every decoding request, preempting by recompute when
         the pool is dry (victim chosen by the policy)."""
-        scheduled = out.scheduled
-        num_decodes = 0
+        decodes, contexts = out.decodes, out.decode_contexts
+        context = 0
         running = SeqStatus.RUNNING
-        for seq in list(self.running):
+        for seq in list(self.decoding):
             # a victim preempted earlier in this loop is WAITING now: skip it
-            if seq.status is not running or seq.in_prefill:
+            if seq.status is not running:
                 continue
             num_tokens = seq.request.num_prompt_tokens + seq.num_output_tokens
             if seq.kv_slots < num_tokens and not self._reserve(seq, num_tokens, out, room, now_s):
                 continue
-            scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, 1, True, True))
-            num_decodes += 1
-        room.take(num_decodes, prefill=False)
+            decodes.append(seq)
+            contexts.append(num_tokens)
+            context += num_tokens
+        out.decode_context_tokens += context
+        room.take(len(decodes), prefill=False)
 
     def _schedule_partial_prefills(
         self, out: SchedulerOutput, room: _StepTokens, now_s: float
     ) -> None:
         """The next chunk of every running request whose prefill is unfinished."""
-        if not self.num_prefilling:
-            return
-        for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING or seq.is_decoding:
+        for seq in list(self.prefilling):
+            if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
             chunk = self._chunk_size(seq.num_uncomputed_tokens, room.prefill_room)
             if chunk <= 0:
@@ -510,7 +578,7 @@ class Scheduler:
             start = seq.num_computed_tokens
             if not self._reserve(seq, start + chunk, out, room, now_s):
                 break
-            out.scheduled.append(self._item(seq, start, chunk))
+            out.prefills.append(self._item(seq, start, chunk))
             room.take(chunk, prefill=True)
 
     def _chunk_size(self, num_uncomputed: int, room: float) -> int:
@@ -550,10 +618,14 @@ class Scheduler:
         return True
 
     def _unschedule(self, out: SchedulerOutput, victim: Sequence, room: _StepTokens) -> None:
-        for i, item in enumerate(out.scheduled):
+        if victim in out.decodes:
+            out.remove(victim)
+            room.give_back(1, prefill=False)
+            return
+        for item in out.prefills:
             if item.seq is victim:
-                del out.scheduled[i]
-                room.give_back(item.num_new_tokens, prefill=not item.is_decode)
+                out.remove(victim)
+                room.give_back(item.num_new_tokens, prefill=True)
                 return
 
     def _pick_victim(self, now_s: float) -> Sequence:
@@ -565,8 +637,12 @@ class Scheduler:
     def _leave_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
         if seq.in_prefill:
-            self.num_prefilling -= 1
+            self.prefilling.remove(seq)
             seq.in_prefill = False
+        else:
+            self.decoding.remove(seq)
+        if not seq.request.sampling.ignore_eos:
+            self._num_may_stop -= 1
         self._close_stay(seq)
         self.block_manager.free(seq)
 
@@ -597,7 +673,7 @@ class Scheduler:
             item = self._admit(seq, num_tokens, out, room, now_s)
             if item is None:
                 break  # keep FIFO semantics: the rest wait (blocks, room, partial cap)
-            out.scheduled.append(item)
+            out.prefills.append(item)
             admitted.add(seq.seq_id)
         self._remove_from_waiting(admitted)
 
@@ -630,8 +706,12 @@ class Scheduler:
         seq.num_computed_tokens = num_cached
         seq.stays.append([None, None])
         seq.in_prefill = True
+        seq.admission_index = self._num_admissions
+        self._num_admissions += 1
         self.running.append(seq)
-        self.num_prefilling += 1
+        self.prefilling.append(seq)
+        if not seq.request.sampling.ignore_eos:
+            self._num_may_stop += 1
         room.take(chunk, prefill=True)
         return self._item(seq, num_cached, chunk)
 
@@ -639,9 +719,8 @@ class Scheduler:
         cap = self.config.max_num_partial_prefills
         if cap is None:
             return True
-        in_progress = self.num_prefilling
-        completing = sum(1 for item in out.scheduled if item.samples and not item.is_decode)
-        return in_progress - completing < cap
+        completing = sum(1 for item in out.prefills if item.samples)
+        return len(self.prefilling) - completing < cap
 
     def _validated(
         self, selection: object, budget: Budget, ctx: PolicyContext
@@ -735,60 +814,62 @@ class Scheduler:
         self.waiting.extendleft(reversed(kept))
 
     # ------------------------------------------------------ multi-step decode
-    def max_uneventful_decode_steps(self) -> int:
-        """Decode steps that could run back to back with nothing changing: every
-        running request decodes, none can be admitted, none stops before the last
-        step (exact output lengths), and the pool holds every block they need.
-
-        Returns:
-            >= 1 (1 when the next step is not such a run).
-        """
-        if not self.running or self.num_prefilling or (self.waiting and self._free_seats() > 0):
-            return 1
-        if self._acts and self.waiting:  # the policy may preempt or drop before any step
-            return 1
-        steps = math.inf
-        for seq in self.running:
-            if not seq.request.sampling.ignore_eos:
-                return 1
-            steps = min(steps, seq.remaining_output_tokens)
-        num_steps = int(steps)
-        free = self.block_manager.num_free_blocks
-        while num_steps > 1 and self._blocks_to_grow(num_steps) > free:
-            num_steps //= 2
-        return max(num_steps, 1)
-
-    def _blocks_to_grow(self, num_steps: int) -> int:
-        bm, extra = self.block_manager, num_steps - 1
-        return sum(
-            bm.num_blocks_to_grow(s, s.num_tokens + extra)
-            for s in self.running
-            if s.kv_slots < s.num_tokens + extra
+    def _decode_run_possible(self) -> bool:
+        """True when the next steps can only be decodes of the same requests: none
+        prefills, none can be admitted, the policy acts on nobody, and every
+        request runs to its exact length (no early stop)."""
+        return not (
+            self.prefilling
+            or not self.decoding
+            or (self.waiting and (self._acts or self._free_seats() > 0))
+            or self._num_may_stop
         )
 
-    def _extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
+    def max_decode_run(self, out: SchedulerOutput) -> int:
+        """How many consecutive decode steps the planned output ``out`` may cover
+        with nothing changing: it decodes every running request (a decode step
+        that preempted nobody), none can be admitted, and none stops before the
+        last step (exact output lengths). The KV pool may cut the run shorter
+        (:meth:`extend_decode_run`).
+
+        Returns:
+            >= 1 (1 when ``out`` cannot be extended).
+        """
         if (
-            out.preempted
-            or len(out.scheduled) != len(self.running)
-            or (self.waiting and self._free_seats() > 0)
+            out.phase is not Phase.DECODE
+            or out.preempted
+            or len(out.decodes) != len(self.running)
+            or not self._decode_run_possible()
         ):
-            raise ValueError(f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()")
-        growing = []
-        for item in out.scheduled:  # one pass: check every item, note who needs blocks
-            seq = item.seq
-            if (
-                not item.is_decode
-                or seq.remaining_output_tokens < num_steps
-                or not seq.request.sampling.ignore_eos
-            ):
-                raise ValueError(
-                    f"num_decode_steps {num_steps} exceeds max_uneventful_decode_steps()"
-                )
-            num_tokens = seq.num_tokens + num_steps - 1
-            if seq.kv_slots < num_tokens:
-                growing.append((seq, num_tokens))
-        for seq, num_tokens in growing:  # raises RuntimeError if the pool is short
-            self.block_manager.grow(seq, num_tokens)
+            return 1
+        return min(s.request.max_output_tokens - s.num_output_tokens for s in out.decodes)
+
+    def extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
+        """Let the pure decode output ``out`` cover ``num_steps`` steps, or fewer:
+        as many as the free blocks hold (halving until they do).
+
+        Raises:
+            ValueError: if ``num_steps`` exceeds :meth:`max_decode_run`.
+        """
+        if num_steps > self.max_decode_run(out):
+            raise ValueError(f"num_steps {num_steps} exceeds max_decode_run()")
+        decodes, contexts = out.decodes, out.decode_contexts
+        bm, block_size = self.block_manager, self.config.block_size
+        free = bm.num_free_blocks
+        while num_steps > 1:
+            extra, need = num_steps - 1, 0
+            for seq, num_tokens in zip(decodes, contexts):
+                if seq.kv_slots < num_tokens + extra:
+                    need += -(-(num_tokens + extra) // block_size) - seq.kv_slots // block_size
+            if need <= free:
+                break
+            num_steps //= 2
+        if num_steps <= 1:
+            return
+        extra = num_steps - 1
+        for seq, num_tokens in zip(decodes, contexts):
+            if seq.kv_slots < num_tokens + extra:
+                bm.grow(seq, num_tokens + extra)
         out.num_steps = num_steps
 
     # ------------------------------------------------------------------ update
@@ -813,51 +894,61 @@ class Scheduler:
             ValueError: on a wrong number of end times or token ids.
         """
         ends = [float(end_times_s)] if isinstance(end_times_s, (int, float)) else end_times_s
-        if len(ends) != out.num_steps:
-            raise ValueError(f"expected {out.num_steps} end times, got {len(ends)}")
+        k = out.num_steps
+        if len(ends) != k:
+            raise ValueError(f"expected {k} end times, got {len(ends)}")
         self.step_log.append(ends, carries_decodes=out.phase is not Phase.PREFILL)
         self.max_used_blocks = max(self.max_used_blocks, self.block_manager.num_used_blocks)
         tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
+        end_s = float(ends[-1])
         finished: list[Sequence] = []
-        num_steps, end_s = out.num_steps, float(ends[-1])
-        for item in out.scheduled:
-            seq = item.seq
-            if item.is_decode and tokens is None and seq.stays[-1][0] is not None:
-                # fast path (simulator decodes): count the tokens, finish on length
-                seq.num_computed_tokens = item.num_computed_tokens + num_steps
-                seq.num_output_tokens += num_steps
-                if seq.num_output_tokens < seq.request.max_output_tokens:
-                    continue
-                self._finish_running(seq, end_s)
+        for seq in out.decodes:
+            seq.num_computed_tokens += k  # each step computes the last sampled token
+            if tokens is None:  # counts only (the simulator): finish on length
+                num_output = seq.num_output_tokens = seq.num_output_tokens + k
+                if num_output >= seq.request.max_output_tokens:
+                    self._finish_running(seq, end_s)
+                    finished.append(seq)
+            elif self._sampled(seq, next(tokens), out, end_s):
                 finished.append(seq)
-                continue
-            seq.num_computed_tokens = item.num_context_tokens + num_steps - 1
+        for item in out.prefills:  # prefills only in single steps
+            seq = item.seq
+            seq.num_computed_tokens = item.num_context_tokens
             if not item.samples:
                 continue
-            if not item.is_decode:
-                seq.in_prefill = False  # its prefill is complete
-                self.num_prefilling -= 1
-            if self._append_tokens(item, out, tokens, end_s):
+            self._start_decoding(seq)  # its prefill is complete: it samples its first token
+            if self._sampled(seq, None if tokens is None else next(tokens), out, end_s):
                 finished.append(seq)
         if finished:
             done = {s.seq_id for s in finished}
             self.running = [s for s in self.running if s.seq_id not in done]
+            self.decoding = [s for s in self.decoding if s.seq_id not in done]
         if self._observes:
-            self.policy.observe_step(_report(out, float(ends[-1])))
+            self.policy.observe_step(_report(out, end_s))
         return finished
 
-    def _append_tokens(
-        self, item: ScheduledSeq, out: SchedulerOutput, tokens: Iterator[int] | None, end_s: float
+    def _start_decoding(self, seq: Sequence) -> None:
+        """Move ``seq`` from the prefilling list to the decoding one (admission order)."""
+        seq.in_prefill = False
+        self.prefilling.remove(seq)
+        decoding = self.decoding
+        if not decoding or decoding[-1].admission_index < seq.admission_index:
+            decoding.append(seq)
+        else:
+            bisect.insort(decoding, seq, key=_admission_order)
+
+    def _sampled(
+        self, seq: Sequence, token: int | None, out: SchedulerOutput, end_s: float
     ) -> bool:
-        """Add the sampled token(s) of ``item``; returns True if its request finished."""
-        seq = item.seq
+        """Add a sampled token (its id when the backend gives one; one token per step
+        of ``out``); returns True if the request finished."""
         stay = seq.stays[-1]
         if stay[0] is None:
             stay[0] = out.step_index
         seq.num_output_tokens += out.num_steps
         stop = False
-        if tokens is not None:
-            token = int(next(tokens))
+        if token is not None:
+            token = int(token)
             seq.output_token_ids.append(token)
             sampling = seq.request.sampling
             stop = not sampling.ignore_eos and token in sampling.stop_token_ids
@@ -867,6 +958,9 @@ class Scheduler:
         return True
 
     def _finish_running(self, seq: Sequence, end_s: float, stop_reason: str = "length") -> None:
+        """End a running request (the caller takes it out of ``running`` and ``decoding``)."""
+        if not seq.request.sampling.ignore_eos:
+            self._num_may_stop -= 1
         self._close_stay(seq)
         self.block_manager.free(seq)
         self._end(seq, SeqStatus.FINISHED, end_s, stop_reason=stop_reason)
@@ -914,7 +1008,9 @@ class Scheduler:
             assert seq.status is SeqStatus.WAITING, f"{seq} in waiting queue"
         assert len(self.running) <= self.config.max_num_seqs, "running set over max_num_seqs"
         assert len(self._live) == len(self.running) + len(self.waiting), "live map out of sync"
-        prefilling = sum(1 for seq in self.running if seq.in_prefill)
-        assert prefilling == self.num_prefilling, "prefilling count out of sync"
+        assert self.prefilling == [s for s in self.running if s.in_prefill], "prefilling list"
+        assert self.decoding == [s for s in self.running if not s.in_prefill], "decoding list"
+        may_stop = sum(1 for s in self.running if not s.request.sampling.ignore_eos)
+        assert may_stop == self._num_may_stop, "early-stopping count out of sync"
         if not self.has_unfinished():
             assert self.block_manager.num_used_blocks == 0, "KV blocks leaked"

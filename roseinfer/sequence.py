@@ -73,6 +73,7 @@ class Sequence:
         "block_hashes",
         "prefix_hit",
         "kv_slots",
+        "admission_index",
     )
 
     def __init__(self, seq_id: int, request: Request) -> None:
@@ -93,6 +94,7 @@ class Sequence:
         self.block_hashes: list[int] | None = None
         self.prefix_hit: object | None = None
         self.kv_slots = 0  # tokens its KV blocks hold (kept by the BlockManager)
+        self.admission_index = -1  # order of its current stay's admission (the scheduler's)
 
     @property
     def request_id(self) -> str:

@@ -31,7 +31,7 @@ import pandas as pd
 from roseinfer.block_manager import compute_block_hashes
 from roseinfer.calibration.cost_model import CostModel
 from roseinfer.config import SchedulerConfig
-from roseinfer.driver import StepResult
+from roseinfer.driver import StepResult, apply_step, plan_step
 from roseinfer.interface import PolicyError
 from roseinfer.metrics import summarize
 from roseinfer.records import RecordBuilder
@@ -67,6 +67,7 @@ class _Replica:
         self.backend = CostModelBackend(spec.cost_model, jump=jump)
         self.records = RecordBuilder()
         self.time_s = 0.0  # end of the step in flight, or when it last went idle
+        self.start_s = 0.0  # start of the step in flight
         self.pending: tuple[SchedulerOutput, StepResult] | None = None
         self.stalled = False  # planned nothing with work queued: wait for a new request
         self.routed_tokens = 0  # prompt + output tokens of requests routed here
@@ -92,23 +93,19 @@ class _Replica:
         assert self.pending is not None
         out, result = self.pending
         self.pending = None
-        self.scheduler.update(out, result.end_times_s, result.sampled_token_ids)
+        apply_step(self.scheduler, out, self.start_s, result)
         self._flush()
 
     def start(self, next_arrival_s: float) -> None:
         """Plan and price the next step at ``time_s``."""
-        sched, now = self.scheduler, self.time_s
-        num_steps = sched.max_uneventful_decode_steps()
-        if num_steps > 1:
-            num_steps = self.backend.decode_run_length(sched, now, next_arrival_s, num_steps)
-        out = sched.schedule(now, num_steps)
-        if out.is_empty:
+        now = self.time_s
+        out, result = plan_step(self.scheduler, self.backend, now, next_arrival_s)
+        if result is None:
             self.stalled = True
             self._flush()
             return
-        result = self.backend.execute(out, now)
         self.pending = (out, result)
-        self.time_s = float(result.end_times_s[-1])
+        self.start_s, self.time_s = now, float(result.end_times_s[-1])
 
     def _flush(self) -> None:
         ended = self.scheduler.pop_ended()

@@ -66,14 +66,26 @@ class SimResult:
 
 
 def batch_shape(out: SchedulerOutput) -> BatchShape:
-    """The cost model's view of a one-step output: prefill chunks (new tokens and
-    context after the step) and decodes (context including the decoded token)."""
-    prefills = out.prefills
-    decodes = out.decodes
-    new = np.fromiter((p.num_new_tokens for p in prefills), np.int64, len(prefills))
-    context = np.fromiter((p.num_context_tokens for p in prefills), np.int64, len(prefills))
-    decode_ctx = np.fromiter((d.num_context_tokens for d in decodes), np.int64, len(decodes))
-    return BatchShape.trusted(new, context, decode_ctx)
+    """The cost model's view of a one-step output: the totals the scheduler counted
+    while planning, and (when a cost model asks) per-sequence arrays of the prefill
+    chunks (new tokens, context after the step) and decodes (context including
+    the decoded token)."""
+
+    def arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        items = out.scheduled
+        new = [i.num_new_tokens for i in items if not i.is_decode]
+        context = [i.num_context_tokens for i in items if not i.is_decode]
+        decode = [i.num_context_tokens for i in items if i.is_decode]
+        return tuple(np.array(v, dtype=np.int64) for v in (new, context, decode))  # type: ignore[return-value]
+
+    return BatchShape.lazy(out.totals(), arrays)
+
+
+def _step_ends(now_s: float, times_s: np.ndarray) -> np.ndarray:
+    """End times of consecutive steps starting at ``now_s``, summed left to right
+    as stepping one at a time sums them (bit-identical: ``np.add.accumulate`` is
+    sequential, unlike ``now + cumsum(times)``)."""
+    return np.add.accumulate(np.concatenate(([now_s], times_s)))[1:]
 
 
 class CostModelBackend:
@@ -91,24 +103,29 @@ class CostModelBackend:
         self._run_times_s = np.empty(0)
 
     def decode_run_length(
-        self, scheduler: Scheduler, now_s: float, next_arrival_s: float, max_steps: int
+        self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
     ) -> int:
-        """Decode steps that end before ``next_arrival_s`` is seen (an arrival is
-        noticed at the end of the step it falls in), at most ``max_steps``."""
+        """Decode steps of ``out`` that end before ``next_arrival_s`` is seen (an
+        arrival is noticed at the end of the step it falls in), at most ``max_steps``."""
         if not self.jump:
             return 1
-        running = scheduler.running
-        context = np.fromiter((s.num_tokens for s in running), np.int64, len(running))
-        self._run_times_s = self.cost_model.decode_run_times_s(context, max_steps)
-        if math.isinf(next_arrival_s):
-            return max_steps
-        ends = now_s + np.cumsum(self._run_times_s)
-        return min(max_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
+        context = np.array(out.decode_contexts, dtype=np.int64)
+        # NOTE: price only as many steps as can end before the next arrival, growing
+        # the window 4x at a time: a run of thousands of steps is usually cut early.
+        num_steps = max_steps if math.isinf(next_arrival_s) else min(max_steps, 64)
+        while True:
+            times = self.cost_model.decode_run_times_s(context, num_steps)
+            ends = _step_ends(now_s, times)
+            if num_steps == max_steps or ends[-1] >= next_arrival_s:
+                break
+            num_steps = min(max_steps, 4 * num_steps)
+        self._run_times_s = times
+        return min(num_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
 
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
         """End times of the output's steps, from the cost model."""
         if out.num_steps > 1:
-            return StepResult((now_s + np.cumsum(self._run_times_s[: out.num_steps])).tolist())
+            return StepResult(_step_ends(now_s, self._run_times_s[: out.num_steps]).tolist())
         return StepResult([now_s + self.cost_model.step_time_s(batch_shape(out))])
 
 

@@ -9,7 +9,7 @@ the right order for Llama-3.1-8B on an H100 and GPT-2 on a small CPU.
 from __future__ import annotations
 
 import time
-from dataclasses import FrozenInstanceError, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -188,7 +188,7 @@ def test_batch_shape_coerces_and_counts() -> None:
     assert shape.prefill_new_tokens.dtype == np.int64
     assert (shape.num_seqs, shape.num_tokens) == (5, 11)
     assert BatchShape().is_empty
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(AttributeError):  # read-only
         shape.decode_context_tokens = np.zeros(0, np.int64)  # type: ignore[misc]
 
 
