@@ -210,6 +210,9 @@ def loop_decode_run_times_s(
     return np.asarray(times, dtype=np.float64)
 
 
+_SCALAR_RUN_STEPS = 12  # decode runs up to this long are priced step by step in Python
+
+
 class RooflineCostModel:
     """Analytical roofline: ``max(FLOPs / achievable FLOP/s, bytes / achievable B/s) + overhead``.
 
@@ -269,6 +272,9 @@ class RooflineCostModel:
         self._flops_per_seq = 2.0 * model.num_lm_head_params / tensor_parallel
         self._flops_per_attn_pair = 4.0 * model.num_layers * q_width / tensor_parallel
         self._weight_bytes = float(model.streamed_weight_bytes) / tensor_parallel
+        self._achievable_flops = device.achievable_flops
+        self._achievable_bandwidth = device.achievable_bandwidth
+        self._overhead_s = device.overhead_s
         self._kv_bytes_per_token = float(model.kv_bytes_per_token) / kv_shards
 
     def flops(self, shape: BatchShape) -> float:
@@ -307,11 +313,17 @@ class RooflineCostModel:
             return np.zeros(num_steps, dtype=np.float64)
         if context.ndim != 1 or context.min() < 1:
             raise ValueError("context_tokens must be a 1-D array of counts >= 1")
-        num_seqs = float(len(context))
+        num_seqs, total = float(len(context)), float(context.sum())
         # Every context grows by one per step, so the summed context grows by
         # num_seqs per step: exact in float64 (integers far below 2**53), so the
-        # same values step_time_s sums.
-        sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + float(context.sum())
+        # same values step_time_s sums, with the same arithmetic (bit-identical).
+        if num_steps <= _SCALAR_RUN_STEPS:  # NOTE: numpy's per-call cost dominates short runs
+            return np.array(
+                [self._time_s(num_seqs, num_seqs, x, x) for x in
+                 (total + num_seqs * j for j in range(num_steps))],  # fmt: skip
+                dtype=np.float64,
+            )
+        sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + total
         return np.asarray(self._time_s(num_seqs, num_seqs, sum_context, sum_context))
 
     def describe(self) -> str:
@@ -356,9 +368,11 @@ class RooflineCostModel:
     def _time_s(
         self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num, kv_read_tokens: _Num
     ) -> _Num:
-        compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self.device.achievable_flops
-        memory_s = self._bytes(num_tokens, kv_read_tokens) / self.device.achievable_bandwidth
-        return np.maximum(compute_s, memory_s) + self.device.overhead_s
+        compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self._achievable_flops
+        memory_s = self._bytes(num_tokens, kv_read_tokens) / self._achievable_bandwidth
+        if isinstance(compute_s, float):  # NOTE: a ufunc call costs more than this step
+            return max(compute_s, memory_s) + self._overhead_s  # type: ignore[type-var]
+        return np.maximum(compute_s, memory_s) + self._overhead_s
 
 
 def make_cost_model(

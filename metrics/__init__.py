@@ -13,21 +13,76 @@ Example::
     print(format_summary(summary, "fifo @ 8 req/s"))
 """
 
-from .classes import VTC_WEIGHTS, per_class, service_fairness, slo_met, tenant_service
-from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
-from .histogram import LogHistogram
-from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
-from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
-from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
-from .summary import (
-    DEFAULT_PERCENTILES,
-    LATENCY_METRICS,
-    SLO_METRICS,
-    format_summary,
-    latency_values_ms,
-    parse_goodput,
-    summarize,
-)
+import importlib
+from typing import TYPE_CHECKING
+
+# Names load their module on first use (PEP 562), so that importing one
+# submodule (the core imports ``histogram`` and ``schema``) costs no pandas.
+_EXPORTS: dict[str, str] = {
+    "COLUMNS": "schema",
+    "Column": "schema",
+    "DEFAULT_PERCENTILES": "summary",
+    "LATENCY_METRICS": "summary",
+    "LogHistogram": "histogram",
+    "NO_TENANT": "fairness",
+    "RECORD_SUFFIXES": "io",
+    "SCHEMA": "schema",
+    "SLO_METRICS": "summary",
+    "STATUSES": "schema",
+    "VTC_WEIGHTS": "classes",
+    "check_output_path": "io",
+    "escape_formula": "io",
+    "format_summary": "summary",
+    "jain_index": "fairness",
+    "latency_values_ms": "summary",
+    "parse_goodput": "summary",
+    "per_class": "classes",
+    "per_tenant": "fairness",
+    "plot_cdf": "plots",
+    "plot_p99_vs_rate": "plots",
+    "plot_sim_vs_real": "plots",
+    "plot_tenant_ttft": "plots",
+    "service_fairness": "classes",
+    "slo_met": "classes",
+    "summarize": "summary",
+    "tenant_fairness": "fairness",
+    "tenant_service": "classes",
+    "validate_records": "schema",
+    "write_records": "io",
+    "write_result": "io",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Load an exported name from its submodule on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'roseinfer.metrics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from .classes import VTC_WEIGHTS, per_class, service_fairness, slo_met, tenant_service
+    from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
+    from .histogram import LogHistogram
+    from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
+    from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
+    from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
+    from .summary import (
+        DEFAULT_PERCENTILES,
+        LATENCY_METRICS,
+        SLO_METRICS,
+        format_summary,
+        latency_values_ms,
+        parse_goodput,
+        summarize,
+    )
 
 __all__ = [
     "LogHistogram",

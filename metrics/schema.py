@@ -7,9 +7,10 @@ the start of the run (simulated clock in ``rose-sim``, wall clock in
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Column(NamedTuple):

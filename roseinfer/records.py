@@ -15,14 +15,16 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Sequence as SequenceABC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from roseinfer.metrics.histogram import LogHistogram
 from roseinfer.metrics.schema import COLUMNS, OPTIONAL_COLUMNS
 from roseinfer.sequence import SeqStatus, Sequence
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class StepLog:
@@ -221,6 +223,8 @@ class RecordBuilder:
     def frame(self) -> pd.DataFrame:
         """The records so far as a DataFrame, in submission order (also moves
         pending gaps into :attr:`itl`)."""
+        import pandas as pd  # NOTE: lazily: the scheduler imports this module, pandas costs 0.4 s
+
         with self._lock:
             self._flush_gaps()
             order = np.argsort(_copy(self._order), kind="stable")

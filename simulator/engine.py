@@ -109,17 +109,20 @@ class CostModelBackend:
         arrival is noticed at the end of the step it falls in), at most ``max_steps``."""
         if not self.jump:
             return 1
-        context = np.array(out.decode_contexts, dtype=np.int64)
-        # NOTE: price only as many steps as can end before the next arrival, growing
-        # the window 4x at a time: a run of thousands of steps is usually cut early.
-        num_steps = max_steps if math.isinf(next_arrival_s) else min(max_steps, 64)
-        while True:
-            times = self.cost_model.decode_run_times_s(context, num_steps)
-            ends = _step_ends(now_s, times)
-            if num_steps == max_steps or ends[-1] >= next_arrival_s:
-                break
-            num_steps = min(max_steps, 4 * num_steps)
+        num_steps = max_steps
+        if not math.isinf(next_arrival_s):
+            # NOTE: price only the steps that can end before the next arrival: with
+            # steps no shorter than the first, that is the gap over the first step's
+            # time. A run cut shorter (a model whose steps get faster) is still a
+            # valid run; the next output goes on from there.
+            first_s = self.cost_model.step_time_s(batch_shape(out))
+            if first_s > 0:
+                num_steps = min(max_steps, int((next_arrival_s - now_s) / first_s) + 2)
+        times = self.cost_model.decode_run_times_s(np.array(out.decode_contexts), num_steps)
         self._run_times_s = times
+        if math.isinf(next_arrival_s):
+            return num_steps
+        ends = _step_ends(now_s, times)
         return min(num_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
 
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
