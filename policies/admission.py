@@ -6,58 +6,12 @@ admission), 031 (prefill token budget), 033 (lookahead packing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import islice
+from collections.abc import Sequence
 
 from roseinfer import hookimpl
+from roseinfer.admission import fifo_under_budget, head_choice
 from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext
 from roseinfer.sequence import Sequence as Seq
-
-
-def fifo_under_budget(
-    waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext, *, chunk_head: bool = False
-) -> list[Choice]:
-    """Arrival order under the token budget (seed 031).
-
-    Takes requests from the head while their summed cost fits
-    ``budget.max_tokens``; stops at the first misfit, which stays at the head
-    for the next round (order is never broken). An oversize head goes alone so
-    nothing deadlocks, or, with ``chunk_head``, is admitted with a chunk that
-    fills the budget (chunked prefill). No token limit: the first
-    ``budget.max_seqs`` requests.
-    """
-    return take_under_budget(islice(waiting, budget.max_seqs), budget, ctx, chunk_head=chunk_head)
-
-
-def take_under_budget(
-    ordered: Iterable[Seq], budget: Budget, ctx: PolicyContext, *, chunk_head: bool = False
-) -> list[Choice]:
-    """Requests from ``ordered`` (at most ``budget.max_seqs`` of them, already
-    ranked) while their summed cost fits ``budget.max_tokens``; the first misfit
-    ends the selection, and goes alone (or as a chunk filling the budget, with
-    ``chunk_head``) when nothing was selected before it. Without a token limit no
-    cost is asked for."""
-    if budget.max_tokens is None:
-        return list(islice(ordered, budget.max_seqs))
-    selected: list[Choice] = []
-    num_tokens = 0
-    for seq in islice(ordered, budget.max_seqs):
-        cost = ctx.cost(seq)
-        if num_tokens + cost > budget.max_tokens:
-            if not selected:
-                selected.append(head_choice(seq, cost, budget, chunk_head))
-            break
-        selected.append(seq)
-        num_tokens += cost
-    return selected
-
-
-def head_choice(seq: Seq, cost: int, budget: Budget, chunk_head: bool) -> Choice:
-    """An oversize head: alone with its whole prompt, or a chunk filling the budget."""
-    room = budget.max_chunk_tokens
-    if chunk_head and room is not None and 0 < room < cost:
-        return (seq, room)
-    return seq
 
 
 class Fifo(AdmissionPolicy):
@@ -70,7 +24,8 @@ class Fifo(AdmissionPolicy):
 
 
 class TokenBudget(AdmissionPolicy):
-    """FIFO under a per-round prefill token budget (seed 031)."""
+    """FIFO under a per-round prefill token budget (seed 031): the default
+    admission (:func:`roseinfer.admission.fifo_under_budget`) with the budget on."""
 
     name = "budget"
     description = "arrival order under --prefill-max-tokens; oversize head alone (seed 031)"
@@ -79,9 +34,6 @@ class TokenBudget(AdmissionPolicy):
     preserves_arrival_order = True
     admits_queue_prefix = True
 
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
-        """See :func:`fifo_under_budget`."""
-        return fifo_under_budget(waiting, budget, ctx, chunk_head=self.options.chunk_head)
 
 
 class Pack(AdmissionPolicy):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext, PolicyOption
-from roseinfer.policies.ranked import admit_ranked
+from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
 from roseinfer.sequence import Sequence as Seq
 
 
@@ -46,12 +43,6 @@ class LongestPrefixMatch(AdmissionPolicy):
         if ctx.now_s - arrival >= self._aging_s:
             return (0, arrival, seq.seq_id)
         return (1, -float(seq.num_tokens - ctx.cost(seq)), seq.seq_id)
-
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
-        """Best-ranked under the budget (strict order)."""
-        return admit_ranked(
-            waiting, budget, ctx, lambda s: self.rank(s, ctx), chunk_head=self.options.chunk_head
-        )
 
 
 @hookimpl

@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
+from roseinfer.admission import head_choice
 from roseinfer.interface import (
     AdmissionPolicy,
     Budget,
@@ -18,7 +19,6 @@ from roseinfer.interface import (
     PolicyOption,
     StepReport,
 )
-from roseinfer.policies.admission import head_choice
 from roseinfer.sequence import Sequence as Seq
 
 Tenant = str | None

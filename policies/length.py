@@ -12,15 +12,15 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext, PolicyOption
-from roseinfer.policies.ranked import admit_ranked, preempt_for
+from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
+from roseinfer.policies.ranked import preempt_for
 from roseinfer.prediction import LENGTH_PREDICTOR_OPTION, LengthPredictor
 from roseinfer.sequence import Sequence as Seq
 
 
 class LengthAware(AdmissionPolicy):
-    """Base of the length-aware policies: predictions cached per request, and
-    :meth:`rank` (smaller is admitted first) used by ``admit``."""
+    """Base of the length-aware policies: predictions cached per request; each
+    subclass defines its ``rank`` (smaller is admitted first)."""
 
     uses_token_budget = True
     uses_chunk_head = True
@@ -44,15 +44,6 @@ class LengthAware(AdmissionPolicy):
             value = self._predicted[seq.seq_id] = float(self.predictor.predict(seq.request))
         return value
 
-    def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[float, int]:
-        """Admission rank of ``seq`` (smaller first)."""
-        raise NotImplementedError
-
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
-        """The best-ranked waiting requests under the budget (strict rank order)."""
-        return admit_ranked(
-            waiting, budget, ctx, lambda s: self.rank(s, ctx), chunk_head=self.options.chunk_head
-        )
 
 
 class ShortestJobFirst(LengthAware):

@@ -1,5 +1,6 @@
-"""Shared machinery of the ranked policies: admit the best-ranked waiting
-requests under the budget, and name running requests to preempt for them."""
+"""Shared machinery of the ranked policies that preempt: name running requests
+to preempt for better-ranked waiting ones (admission itself is the default
+``AdmissionPolicy.admit`` over the policy's ``rank``)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,10 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from roseinfer.interface import Budget, Choice, PolicyContext
-from roseinfer.policies.admission import take_under_budget
+from roseinfer.interface import PolicyContext
 from roseinfer.sequence import Sequence as Seq
 
 RankKey = Callable[[Seq], Any]
-
-
-def admit_ranked(
-    waiting: Sequence[Seq],
-    budget: Budget,
-    ctx: PolicyContext,
-    key: RankKey,
-    *,
-    chunk_head: bool = False,
-) -> list[Choice]:
-    """The best-ranked waiting requests (smallest ``key``) under the budget.
-
-    Takes them in rank order while their summed cost fits ``budget.max_tokens``
-    and stops at the first misfit (so every admission outranks every request
-    left waiting: a strict order). A best-ranked request over the whole budget
-    goes alone, or with ``chunk_head`` a chunk that fills it.
-
-    Args:
-        key: total order, smaller is admitted first (include ``seq_id`` for ties).
-    """
-    ranked = heapq.nsmallest(budget.max_seqs, waiting, key=key)
-    return take_under_budget(ranked, budget, ctx, chunk_head=chunk_head)
 
 
 def preempt_for(

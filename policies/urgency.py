@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext, PolicyOption
-from roseinfer.policies.ranked import admit_ranked, preempt_for
+from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
+from roseinfer.policies.ranked import preempt_for
 from roseinfer.sequence import Sequence as Seq
 
 
@@ -32,12 +32,6 @@ class Priority(AdmissionPolicy):
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[int, float, int]:
         """(priority, arrival time, seq_id)."""
         return (seq.request.priority, seq.request.arrival_time_s, seq.seq_id)
-
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
-        """Most urgent first under the budget (strict order)."""
-        return admit_ranked(
-            waiting, budget, ctx, lambda s: self.rank(s, ctx), chunk_head=self.options.chunk_head
-        )
 
     def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """Less urgent running requests, for more urgent waiting ones that need room."""
@@ -94,12 +88,6 @@ class EarliestDeadline(AdmissionPolicy):
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[bool, float, int]:
         """(late, deadline, seq_id)."""
         return (self.is_late(seq, ctx.now_s), self.due_s(seq), seq.seq_id)
-
-    def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
-        """Earliest deadline first under the budget, late ones last."""
-        return admit_ranked(
-            waiting, budget, ctx, lambda s: self.rank(s, ctx), chunk_head=self.options.chunk_head
-        )
 
     def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """With ``--drop-late``, every late waiting request."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
+from roseinfer.admission import fifo_under_budget
 from roseinfer.interface import Budget, Choice, PolicyContext, PolicyOptions, PolicyWrapper
-from roseinfer.policies.admission import fifo_under_budget
 from roseinfer.sequence import Sequence as Seq
 
 

@@ -19,7 +19,9 @@ The scheduler validates every answer (:class:`PolicyError` names the plugin).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
@@ -343,6 +345,22 @@ class AdmissionPolicy:
         """Called after every applied scheduler output when ``observes_steps`` is
         set: what each request computed (tokens, tenant). Default: nothing."""
 
+    def rank(self, seq: Seq, ctx: PolicyContext) -> Any:
+        """The admission rank of a waiting request: smaller is admitted first.
+
+        A policy that defines it (``sjf``, ``srpt``, ``priority``, ``edf``, ...) needs
+        no ``admit``: the default admits the best-ranked requests under the seats
+        and the token budget (:func:`roseinfer.admission.admit_ranked`), the
+        oversize-head rule and ``chunk_head`` included. Include ``seq.seq_id`` as
+        the last key for a total order. Not defined by default (FIFO).
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def ranks(cls) -> bool:
+        """True when the class defines :meth:`rank`."""
+        return cls.rank is not AdmissionPolicy.rank
+
     def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """Choose the waiting requests to prefill this step.
 
@@ -368,9 +386,19 @@ class AdmissionPolicy:
             checked when it is taken, so the entries after that one are never
             looked at (a long answer costs nothing beyond what is admitted).
 
-        Default: FIFO, no token limit (the ``fifo`` policy).
+        Default: the best-ranked requests when the class defines :meth:`rank`,
+        else arrival order, under the token budget (when the policy declares
+        ``uses_token_budget``; FIFO is the ``fifo`` policy).
         """
-        return list(_head(waiting, budget.max_seqs))
+        from roseinfer.admission import admit_ranked, fifo_under_budget
+
+        chunk_head = bool(self.uses_chunk_head and self.options.chunk_head)
+        if budget.max_tokens is not None and not self.uses_token_budget:
+            budget = dataclasses.replace(budget, max_tokens=None)  # fifo: seats and blocks only
+        if self.ranks():
+            key = functools.partial(self.rank, ctx=ctx)
+            return admit_ranked(waiting, budget, ctx, key, chunk_head=chunk_head)
+        return fifo_under_budget(waiting, budget, ctx, chunk_head=chunk_head)
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Return the phases of the next iteration, in order (one step each).
@@ -568,5 +596,4 @@ def _base(policy: AdmissionPolicy) -> AdmissionPolicy:
     return policy
 
 
-def _head(waiting: Sequence[Any], n: int) -> Sequence[Any]:
-    return [waiting[i] for i in range(min(n, len(waiting)))]
+

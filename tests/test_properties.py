@@ -103,7 +103,7 @@ class Spy(PolicyWrapper):
         while isinstance(base, PolicyWrapper):
             base = base.inner
         ranked = None
-        if hasattr(base, "rank"):
+        if type(base).ranks():
             ranked = [s.seq_id for s in sorted(waiting, key=lambda s: base.rank(s, ctx))]
         answer = self.inner.admit(waiting, budget, ctx)
         pairs = [c if isinstance(c, tuple) else (c, ctx.cost(c)) for c in answer]
