@@ -8,6 +8,7 @@ submission). Requests asked for in vLLM RFC #29406 and SGLang #10063.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -95,6 +96,12 @@ class ShortestRemaining(LengthAware):
             lambda s: self.rank(s, ctx),
             lambda a, b: self.remaining(a) < self.remaining(b),
         )
+
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """Never asks again while requests only decode: their remaining predicted
+        tokens only shrink, so a waiting request that outranks none now outranks
+        none later."""
+        return math.inf
 
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
         """The running request with the most remaining predicted tokens."""

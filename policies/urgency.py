@@ -42,6 +42,10 @@ class Priority(AdmissionPolicy):
             lambda a, b: a.request.priority < b.request.priority,
         )
 
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """Never asks again while requests only decode: priorities do not change."""
+        return math.inf
+
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
         """The running request with the largest (priority, arrival)."""
         return max(running, key=lambda s: self.rank(s, ctx))
@@ -88,6 +92,13 @@ class EarliestDeadline(AdmissionPolicy):
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[bool, float, int]:
         """(late, deadline, seq_id)."""
         return (self.is_late(seq, ctx.now_s), self.due_s(seq), seq.seq_id)
+
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """With ``--drop-late``, until the next waiting request's deadline passes."""
+        if not self.opt("drop_late"):
+            return math.inf
+        return min((self.due_s(s) for s in waiting if not self.is_late(s, ctx.now_s)),
+                   default=math.inf)  # fmt: skip
 
     def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """With ``--drop-late``, every late waiting request."""

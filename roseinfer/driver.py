@@ -103,7 +103,8 @@ def plan_step(
 
     A pure decode step that can run uneventfully (:meth:`Scheduler.max_decode_run`)
     is extended to the steps the backend asks for (``decode_run_length``, which
-    stops before ``next_arrival_s``) and the KV pool holds.
+    stops at ``next_arrival_s`` or when the policy asks to be consulted again,
+    :meth:`Scheduler.quiet_until`) and the KV pool holds.
 
     Returns:
         The output and its result; the result is None when the output is empty
@@ -117,8 +118,10 @@ def plan_step(
         return out, None
     max_steps = scheduler.max_decode_run(out)
     if max_steps > 1:
-        num_steps = backend.decode_run_length(out, now_s, next_arrival_s, max_steps)
-        scheduler.extend_decode_run(out, num_steps)
+        until_s = min(next_arrival_s, scheduler.quiet_until(now_s))
+        if until_s > now_s:
+            num_steps = backend.decode_run_length(out, now_s, until_s, max_steps)
+            scheduler.extend_decode_run(out, num_steps)
     return out, backend.execute(out, now_s)
 
 

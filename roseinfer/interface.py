@@ -341,6 +341,17 @@ class AdmissionPolicy:
         """
         return []
 
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """For a policy that preempts or drops: until when (s) its :meth:`preempt`
+        and :meth:`drop` answers stay empty, given that they are empty now and
+        that meanwhile the running requests only decode (no arrival, completion
+        or admission). The simulator plans the decode steps up to then as one
+        run instead of asking before every step.
+
+        Default: ``ctx.now_s`` (ask before every step), which is always right.
+        """
+        return ctx.now_s
+
     def observe_step(self, report: StepReport) -> None:
         """Called after every applied scheduler output when ``observes_steps`` is
         set: what each request computed (tokens, tenant). Default: nothing."""
@@ -476,6 +487,10 @@ class PolicyWrapper(AdmissionPolicy):
         """Delegate to the wrapped policy."""
         return self.inner.drop(waiting, ctx)
 
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """Delegate to the wrapped policy."""
+        return self.inner.quiet_until(waiting, ctx)
+
     def observe_step(self, report: StepReport) -> None:
         """Delegate to the wrapped policy."""
         self.inner.observe_step(report)
@@ -541,6 +556,10 @@ class ComposedPolicy(AdmissionPolicy):
     def drop(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """Delegate to the admission policy."""
         return self._admission_call("drop", self.admission.drop, waiting, ctx)
+
+    def quiet_until(self, waiting: Sequence[Seq], ctx: PolicyContext) -> float:
+        """Delegate to the admission policy."""
+        return self._admission_call("quiet_until", self.admission.quiet_until, waiting, ctx)
 
     def observe_step(self, report: StepReport) -> None:
         """Delegate to the admission policy."""

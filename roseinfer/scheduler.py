@@ -816,14 +816,23 @@ class Scheduler:
     # ------------------------------------------------------ multi-step decode
     def _decode_run_possible(self) -> bool:
         """True when the next steps can only be decodes of the same requests: none
-        prefills, none can be admitted, the policy acts on nobody, and every
-        request runs to its exact length (no early stop)."""
+        prefills, none can be admitted, and every request runs to its exact length
+        (no early stop). A policy that preempts or drops bounds the run in time
+        (:meth:`quiet_until`)."""
         return not (
             self.prefilling
             or not self.decoding
-            or (self.waiting and (self._acts or self._free_seats() > 0))
+            or (self.waiting and self._free_seats() > 0)
             or self._num_may_stop
         )
+
+    def quiet_until(self, now_s: float) -> float:
+        """Until when (s) the policy need not be asked to preempt or drop while the
+        running requests only decode (``AdmissionPolicy.quiet_until``; inf when it
+        neither preempts nor drops, or nothing waits)."""
+        if not (self._acts and self.waiting):
+            return math.inf
+        return float(self.policy.quiet_until(_ReadOnlyView(self.waiting), self._context(now_s)))
 
     def max_decode_run(self, out: SchedulerOutput) -> int:
         """How many consecutive decode steps the planned output ``out`` may cover

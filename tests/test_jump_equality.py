@@ -61,6 +61,8 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
     if chunked and budget is None and batched is None:
         batched = 256
     extra = {"length_predictor": "noisy-oracle"} if entry.uses_length_predictor else {}
+    if policy == "edf":
+        extra["drop_late"] = draw(st.booleans())
     return SchedulerConfig(
         num_kv_blocks=draw(st.integers(24, 200)),
         block_size=16,
