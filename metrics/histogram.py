@@ -57,6 +57,25 @@ class LogHistogram:
         self._mean += delta * n / total
         self.count = total
 
+    def merge(self, other: LogHistogram) -> None:
+        """Add ``other``'s counts to this histogram (the same ``relative_error``):
+        per-replica histograms into a cluster's. Mean and variance merge exactly
+        (Chan, Golub and LeVeque's pairwise update).
+
+        Raises:
+            ValueError: if the two bucket widths differ.
+        """
+        if other.relative_error != self.relative_error:
+            raise ValueError("cannot merge histograms of different relative_error")
+        if not other.count:
+            return
+        total = self.count + other.count
+        delta = other._mean - self._mean
+        self._m2 += other._m2 + delta * delta * self.count * other.count / total
+        self._mean += delta * other.count / total
+        self._counts += other._counts
+        self.count = total
+
     @property
     def mean(self) -> float:
         """Exact mean (s); NaN when empty."""

@@ -3,7 +3,7 @@
 Each replica is a full scheduler (its own KV pool and prefix cache) priced by
 its own cost model, so replicas may differ in model, device and pool size.
 The cluster is one discrete-event loop over three kinds of events, taken in
-time order: a replica's step completes (its results are applied), a request
+time order from a heap (O(log replicas) per event): a replica's step completes (its results are applied), a request
 arrives (the router picks a replica and the request joins its queue), a
 replica starts its next step. At equal times completions come first, then
 arrivals, then starts, so a replica sees every request that arrived by the
@@ -20,6 +20,7 @@ arrival); prefix-cache contents are always read live (see
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from roseinfer.calibration.cost_model import CostModel
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, apply_step, plan_step
 from roseinfer.interface import PolicyError
-from roseinfer.metrics import summarize
+from roseinfer.metrics import LogHistogram, summarize
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
@@ -60,12 +61,15 @@ class ReplicaSpec:
 class _Replica:
     """A scheduler, its backend and records, and its place on the event clock."""
 
-    def __init__(self, index: int, spec: ReplicaSpec, registry: Registry, jump: bool) -> None:
+    def __init__(
+        self, index: int, spec: ReplicaSpec, registry: Registry, jump: bool, keep_token_times: bool
+    ) -> None:
         policy = registry.make(spec.config.policy, spec.config.loop_order, spec.config.options)
         self.index, self.spec, self.policy_label = index, spec, policy.label
         self.scheduler = Scheduler(spec.config, policy, policy.label)
         self.backend = CostModelBackend(spec.cost_model, jump=jump)
-        self.records = RecordBuilder()
+        self.records = RecordBuilder(keep_token_times=keep_token_times)
+        self.version = 0  # bumps whenever its next event changes (the heap's stale entries)
         self.time_s = 0.0  # end of the step in flight, or when it last went idle
         self.start_s = 0.0  # start of the step in flight
         self.pending: tuple[SchedulerOutput, StepResult] | None = None
@@ -112,6 +116,15 @@ class _Replica:
         if ended:
             self.ended_tokens += sum(s.request.max_num_tokens for s in ended)
             self.records.extend(ended, self.scheduler.step_log)
+            self.scheduler.release_steps()
+
+    def next_event(self) -> tuple[float, int, int] | None:
+        """(time, 0 for a completion or 1 for a start, index), or None when idle."""
+        if self.pending is not None:
+            return (self.time_s, 0, self.index)
+        if self.stalled or not self.scheduler.has_unfinished():
+            return None
+        return (self.time_s, 1, self.index)
 
     def view(self, prefix_blocks: Callable[[Request], int]) -> ReplicaView:
         """The router's snapshot of this replica now."""
@@ -143,6 +156,9 @@ class ClusterResult:
         policy: the replicas' composed policy labels, joined by ``,`` when they differ.
         wall_s: wall-clock seconds the simulation took.
         num_steps: engine steps simulated, all replicas together.
+        itl: without kept token times, the inter-token gaps of the whole cluster
+            as a histogram (``summarize(records, itl=result.itl)``), and
+            ``replica_itl`` each replica's.
     """
 
     records: pd.DataFrame
@@ -153,6 +169,8 @@ class ClusterResult:
     wall_s: float
     num_steps: int
     info: dict[str, object] = field(default_factory=dict)
+    itl: LogHistogram | None = None
+    replica_itl: list[LogHistogram | None] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -169,7 +187,8 @@ class ClusterResult:
         rows = []
         for i, spec in enumerate(self.replicas):
             mine = self.records[self.records["replica"] == i]
-            summary = summarize(mine, duration_s=self.duration_s, goodput=goodput)
+            itl = self.replica_itl[i] if self.replica_itl else None
+            summary = summarize(mine, duration_s=self.duration_s, goodput=goodput, itl=itl)
             rows.append({"replica": i, "name": spec.name, **summary})
         return pd.DataFrame(rows)
 
@@ -185,6 +204,8 @@ class ClusterSimulator:
         router_staleness_s: the router's replica views are refreshed when at
             least this many simulated seconds passed since the last refresh
             (0 = fresh at every arrival).
+        keep_token_times: keep every token's time in the records; False keeps an
+            ITL histogram per replica instead (memory flat in trace length).
 
     Raises:
         ValueError: on no replicas or a negative staleness.
@@ -198,6 +219,7 @@ class ClusterSimulator:
         *,
         jump: bool = True,
         router_staleness_s: float = 0.0,
+        keep_token_times: bool = True,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -208,6 +230,7 @@ class ClusterSimulator:
         self.registry = registry if registry is not None else load_registry()
         self.jump = jump
         self.router_staleness_s = router_staleness_s
+        self.keep_token_times = keep_token_times
 
     def run(self, requests: SequenceABC[Request]) -> ClusterResult:
         """Simulate ``requests`` (any order) to completion.
@@ -218,7 +241,8 @@ class ClusterSimulator:
         """
         start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
-        reps = [_Replica(i, s, self.registry, self.jump) for i, s in enumerate(self.specs)]
+        keep = self.keep_token_times
+        reps = [_Replica(i, s, self.registry, self.jump, keep) for i, s in enumerate(self.specs)]
         _EventLoop(reps, self.router, self.router_staleness_s).run(reqs)
         frames = []
         for rep in reps:
@@ -238,6 +262,8 @@ class ClusterSimulator:
             wall_s=time.perf_counter() - start,
             num_steps=sum(rep.scheduler.step_log.num_steps for rep in reps),
             info={"routed": [rep.num_routed for rep in reps]},
+            itl=_merged([rep.records.itl for rep in reps]),
+            replica_itl=[rep.records.itl for rep in reps],
         )
 
 
@@ -252,37 +278,44 @@ class _EventLoop:
         self._hashes: dict[int, list[int]] = {}  # block size -> hashes of the request routed
 
     def run(self, reqs: list[Request]) -> None:
+        heap: list[tuple[float, int, int, int]] = []  # (time, kind, index, version)
+
+        def push(rep: _Replica) -> None:
+            rep.version += 1  # the replica's older heap entries are now stale
+            event = rep.next_event()
+            if event is not None:
+                heapq.heappush(heap, (*event, rep.version))
+
+        for rep in self.replicas:
+            push(rep)
         i, n = 0, len(reqs)
         while True:
+            while heap and heap[0][3] != self.replicas[heap[0][2]].version:
+                heapq.heappop(heap)
             next_arrival = reqs[i].arrival_time_s if i < n else math.inf
-            rep, t = self._next_replica()
-            if rep is None and i >= n:
+            if not heap and i >= n:
                 break
-            if rep is None or next_arrival < t or (next_arrival == t and rep.pending is None):
-                self._route(reqs[i])
+            # completions first, then arrivals, then starts (module docstring)
+            if (
+                not heap
+                or next_arrival < heap[0][0]
+                or (next_arrival == heap[0][0] and heap[0][1] == 1)
+            ):
+                push(self._route(reqs[i]))
                 i += 1
-            elif rep.pending is not None:
+                continue
+            _, kind, index, _ = heapq.heappop(heap)
+            rep = self.replicas[index]
+            if kind == 0:
                 rep.complete()
             else:
                 rep.start(next_arrival)
+            push(rep)
         for rep in self.replicas:
             if rep.scheduler.has_unfinished():
                 raise PolicyError(f"replica {rep.index}: {rep.scheduler.stall_message()}")
 
-    def _next_replica(self) -> tuple[_Replica | None, float]:
-        """The replica with the earliest event (completions before starts at equal
-        times, then the lowest index) and its time; (None, inf) when all are idle."""
-        best, best_t, best_starts = None, math.inf, True
-        for rep in self.replicas:
-            starts = rep.pending is None
-            if starts and (rep.stalled or not rep.scheduler.has_unfinished()):
-                continue
-            t = rep.time_s
-            if t < best_t or (t == best_t and best_starts and not starts):
-                best, best_t, best_starts = rep, t, starts
-        return best, best_t
-
-    def _route(self, request: Request) -> None:
+    def _route(self, request: Request) -> _Replica:
         now = request.arrival_time_s
         if not self._views or now - self._views_s >= self.staleness_s:
             self._views = [rep.view(self._prefix_query(rep)) for rep in self.replicas]
@@ -294,8 +327,9 @@ class _EventLoop:
                 for v, rep, ended in zip(self._views, self.replicas, self._ended_at_view)
             ]
         self._hashes = {}
-        chosen = self.router.route(request, self._views, now)
-        self.replicas[chosen].add(request, self._hashes)
+        chosen = self.replicas[self.router.route(request, self._views, now)]
+        chosen.add(request, self._hashes)
+        return chosen
 
     def _prefix_query(self, rep: _Replica) -> Callable[[Request], int]:
         bm = rep.scheduler.block_manager
@@ -318,9 +352,22 @@ def simulate_cluster(
     registry: Registry | None = None,
     jump: bool = True,
     router_staleness_s: float = 0.0,
+    keep_token_times: bool = True,
 ) -> ClusterResult:
     """Run one cluster simulation; see :class:`ClusterSimulator`."""
     sim = ClusterSimulator(
-        replicas, router, registry, jump=jump, router_staleness_s=router_staleness_s
-    )
+        replicas, router, registry, jump=jump, router_staleness_s=router_staleness_s,
+        keep_token_times=keep_token_times,
+    )  # fmt: skip
     return sim.run(requests)
+
+
+def _merged(histograms: list[LogHistogram | None]) -> LogHistogram | None:
+    """One histogram of every replica's gaps (None when token times were kept)."""
+    if any(h is None for h in histograms):
+        return None
+    merged = LogHistogram()
+    for h in histograms:
+        assert h is not None
+        merged.merge(h)
+    return merged

@@ -201,6 +201,7 @@ def run_cluster(
             registry=registry,
             jump=not args.no_jump,
             router_staleness_s=args.router_staleness_s,
+            keep_token_times=args.save_records is not None,
         )
     except ValueError as err:
         raise CliError(str(err)) from None
@@ -219,7 +220,8 @@ def run_cluster(
         "replica_summaries": per[["replica", "name", *PER_REPLICA_KEYS]].to_dict("records"),
     }
     title = f"{title} | {len(specs)} replicas, router {router.name}"
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra)
+    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+           itl=result.itl)  # fmt: skip
     if not args.quiet:
         print(format_replicas(per))
         print(

@@ -48,6 +48,25 @@ def test_one_replica_cluster_matches_the_single_simulator() -> None:
     pd.testing.assert_frame_equal(cluster.records[cols], single[cols])
 
 
+def test_a_cluster_without_token_times_summarizes_from_histograms() -> None:
+    """Without kept token times (rose-sim without --save-records) a cluster is
+    flat in memory: records carry no token times, the ITL comes from the
+    replicas' merged histograms, within the histogram's resolution."""
+    from roseinfer.metrics import summarize
+
+    reqs = grouped_requests(80, 4)
+    specs = [ReplicaSpec("a", CONFIG, COST)] * 3
+    kept = simulate_cluster(reqs, specs, router("round-robin"))
+    flat = simulate_cluster(reqs, specs, router("round-robin"), keep_token_times=False)
+    assert flat.records["token_times_s"].isna().all() and flat.itl is not None
+    a = summarize(kept.records, duration_s=kept.duration_s)
+    b = summarize(flat.records, duration_s=flat.duration_s, itl=flat.itl)
+    for key in ("mean_itl_ms", "p99_itl_ms", "p50_itl_ms", "p99_ttft_ms"):
+        assert b[key] == pytest.approx(a[key], rel=1e-3), key
+    per_kept, per_flat = kept.replica_summaries(), flat.replica_summaries()
+    assert np.allclose(per_flat["p99_itl_ms"], per_kept["p99_itl_ms"], rtol=1e-3)
+
+
 def test_round_robin_spreads_requests_evenly_and_records_the_replica() -> None:
     reqs = grouped_requests(40, 4)
     result = simulate_cluster(reqs, [ReplicaSpec("a", CONFIG, COST)] * 4, router("round-robin"))

@@ -426,3 +426,18 @@ def test_the_core_imports_without_pandas():
     code = "import roseinfer.scheduler, roseinfer.driver, sys; print('pandas' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_log_histograms_merge_as_one():
+    from roseinfer.metrics import LogHistogram
+
+    rng = np.random.default_rng(3)
+    a, b = rng.exponential(0.02, 5000), rng.exponential(0.2, 700)
+    one, left, right = LogHistogram(), LogHistogram(), LogHistogram()
+    one.add(np.concatenate([a, b]))
+    left.add(a)
+    right.add(b)
+    left.merge(right)
+    assert left.count == one.count
+    assert left.mean == pytest.approx(one.mean) and left.std == pytest.approx(one.std)
+    assert left.percentiles([50, 99]) == one.percentiles([50, 99])
