@@ -319,8 +319,10 @@ class RooflineCostModel:
         # same values step_time_s sums, with the same arithmetic (bit-identical).
         if num_steps <= _SCALAR_RUN_STEPS:  # NOTE: numpy's per-call cost dominates short runs
             return np.array(
-                [self._time_s(num_seqs, num_seqs, x, x) for x in
-                 (total + num_seqs * j for j in range(num_steps))],  # fmt: skip
+                [
+                    self._time_s(num_seqs, num_seqs, x, x)
+                    for x in (total + num_seqs * j for j in range(num_steps))
+                ],  # fmt: skip
                 dtype=np.float64,
             )
         sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + total

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -221,21 +220,6 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--loop-order",
         help="loop ordering: prefill-first (default), decode-first, mixed, prefill-priority",
-    )
-    g.add_argument(
-        "--lookahead", type=POSITIVE, help="pack: waiting requests looked at (default 64)"
-    )
-    g.add_argument(
-        "--chunk-head",
-        action="store_true",
-        help="budget/pack: admit a head that does not fit the token budget with a chunk "
-        "that fills it, instead of alone with its whole prompt (needs chunked prefill)",
-    )
-    g.add_argument(
-        "--force-fifo-every",
-        type=int_in(0),
-        default=0,
-        help="strict FIFO every N-th admission round (default 0 = off)",
     )
     g.add_argument(
         "--policy-arg",
@@ -487,31 +471,18 @@ def policy_options(args: argparse.Namespace, registry: Registry) -> PolicyOption
     """Policy knobs from the flags, rejecting knobs the chosen policy ignores.
 
     Raises:
-        CliError: e.g. ``--lookahead`` with a policy that has no lookahead.
+        CliError: e.g. ``--lookahead`` with a policy that reads no lookahead (a knob
+            no plugin of the run declares).
         UnknownPolicyError: listing the known policies.
     """
     policy_cls = registry.policy(args.policy)
-    for flag, given, attr in (
-        ("--lookahead", args.lookahead is not None, "uses_lookahead"),
-        ("--chunk-head", args.chunk_head, "uses_chunk_head"),
-    ):
-        if given and not getattr(policy_cls, attr):
-            users = [n for n, e in sorted(registry.policies.items()) if getattr(e.cls, attr)]
-            raise CliError(
-                f"{flag} is read only by: {', '.join(users)}; policy {args.policy!r} ignores it"
-            )
     if args.prefill_max_tokens is not None and not policy_cls.uses_token_budget:
         users = [n for n, e in sorted(registry.policies.items()) if e.cls.uses_token_budget]
         raise CliError(
             f"policy {args.policy!r} ignores --prefill-max-tokens; policies with a token "
             f"budget: {', '.join(users)}"
         )
-    options = PolicyOptions(
-        lookahead=args.lookahead if args.lookahead is not None else 64,
-        force_fifo_every=args.force_fifo_every,
-        chunk_head=args.chunk_head,
-        extra=_plugin_options(args, registry),
-    )
+    options = PolicyOptions(_plugin_options(args, registry))
     return _checked_plugin_options(args, registry, options)
 
 
@@ -538,7 +509,7 @@ def _checked_plugin_options(
     loop_order = scheduler_knobs(args)["loop_order"]
     run_specs = {s.name: s for s in registry.option_specs(args.policy, loop_order, options)}
     typed: dict[str, Any] = {}
-    for key, value in options.extra.items():
+    for key, value in options.values.items():
         spec = run_specs.get(key)
         if spec is None:
             known = ", ".join(sorted(run_specs)) or "none"
@@ -550,7 +521,7 @@ def _checked_plugin_options(
             typed[key] = spec.convert(value)
         except ValueError as err:
             raise CliError(str(err)) from None
-    return dataclasses.replace(options, extra=typed)
+    return PolicyOptions(typed)
 
 
 def scheduler_config(

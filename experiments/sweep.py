@@ -39,37 +39,40 @@ from tqdm.auto import tqdm
 from roseinfer import workloads
 from roseinfer.calibration.cost_model import CostModel
 from roseinfer.config import SchedulerConfig
-from roseinfer.interface import PolicyOptions
 from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
 from roseinfer.simulator.engine import simulate
 
-_OPTION_FIELDS = {f.name for f in dataclasses.fields(PolicyOptions)}
 ROUTER_KEYS = ("router", "router_args", "router_staleness_s")
 BACKENDS = ("auto", "serial", "ray")
 
 
-def apply_overrides(base: SchedulerConfig, overrides: Mapping[str, Any]) -> SchedulerConfig:
-    """``base`` with scheduler fields and policy options (``lookahead``,
-    ``force_fifo_every``, ``extra``) replaced.
+def apply_overrides(
+    base: SchedulerConfig, overrides: Mapping[str, Any], registry: Registry | None = None
+) -> SchedulerConfig:
+    """``base`` with scheduler fields and policy knobs replaced: a key is a
+    :class:`SchedulerConfig` field or a knob some registered plugin declares
+    (``lookahead``, ``force_fifo_every``, ``chunk_head``, ``length_predictor``,
+    ``vtc_output_weight``, ...).
 
     Raises:
-        ValueError: on a key that is neither a config field nor a policy option.
+        ValueError: on a key that is neither a config field nor a declared knob.
     """
+    knob_names = set((registry or load_registry()).all_option_specs())
     config_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
     overrides = {k: v for k, v in overrides.items() if k not in ROUTER_KEYS}
-    opts = {k: v for k, v in overrides.items() if k in _OPTION_FIELDS}
+    knobs = {k: v for k, v in overrides.items() if k in knob_names}
     cfg = {k: v for k, v in overrides.items() if k in config_fields}
-    unknown = set(overrides) - set(opts) - set(cfg)
+    unknown = set(overrides) - set(knobs) - set(cfg)
     if unknown:
-        known = sorted(config_fields | _OPTION_FIELDS)
+        known = sorted(config_fields | knob_names)
         raise ValueError(
             f"unknown sweep keys {sorted(unknown)}; known: {known + list(ROUTER_KEYS)}"
         )
-    if opts:
-        cfg["options"] = dataclasses.replace(base.options, **opts)
+    if knobs:
+        cfg["options"] = base.options.replace(**knobs)
     return dataclasses.replace(base, **cfg)
 
 

@@ -97,7 +97,7 @@ def parse_policy_env(text: str | None, registry: Registry) -> PolicySettings:
             f"{where}: loop order {loop_order!r} cannot run inside vLLM: vLLM v1 runs every "
             f"step mixed (decodes, then prefill chunks, one token budget); drop {given}"
         )
-    if options.chunk_head:
+    if options.get("chunk_head"):
         raise ConfigError(
             f"{where}: --chunk-head cannot be honoured: vLLM sizes prefill chunks itself "
             "(max_num_batched_tokens, long_prefill_token_threshold); drop --chunk-head"

@@ -10,8 +10,19 @@ from collections.abc import Sequence
 
 from roseinfer import hookimpl
 from roseinfer.admission import fifo_under_budget, head_choice
-from roseinfer.interface import AdmissionPolicy, Budget, Choice, PolicyContext
+from roseinfer.interface import (
+    CHUNK_HEAD_OPTION,
+    AdmissionPolicy,
+    Budget,
+    Choice,
+    PolicyContext,
+    PolicyOption,
+)
 from roseinfer.sequence import Sequence as Seq
+
+LOOKAHEAD_OPTION = PolicyOption(
+    "lookahead", int, 64, "pack: waiting requests looked at (default 64, seed 033)", minimum=1
+)
 
 
 class Fifo(AdmissionPolicy):
@@ -30,10 +41,9 @@ class TokenBudget(AdmissionPolicy):
     name = "budget"
     description = "arrival order under --prefill-max-tokens; oversize head alone (seed 031)"
     uses_token_budget = True
-    uses_chunk_head = True
+    option_specs = (CHUNK_HEAD_OPTION,)
     preserves_arrival_order = True
     admits_queue_prefix = True
-
 
 
 class Pack(AdmissionPolicy):
@@ -43,23 +53,22 @@ class Pack(AdmissionPolicy):
     (cost, arrival) while they fit the budget and the seat limit, and admits
     the chosen ones in arrival order; the rest keep their places at the front.
     A request costlier than the whole budget is skipped; if nothing fits, the
-    head goes alone (or, with ``options.chunk_head``, gets a chunk filling the
+    head goes alone (or, with ``chunk_head``, gets a chunk filling the
     budget). Without a token budget it is FIFO.
     """
 
     name = "pack"
     description = "greedy by cost in a --lookahead window under the budget (seed 033)"
     uses_token_budget = True
-    uses_lookahead = True
-    uses_chunk_head = True
+    option_specs = (LOOKAHEAD_OPTION, CHUNK_HEAD_OPTION)
     preserves_arrival_order = True
 
     def admit(self, waiting: Sequence[Seq], budget: Budget, ctx: PolicyContext) -> list[Choice]:
         """See the class docstring."""
-        chunk_head = self.options.chunk_head
+        chunk_head = self.opt("chunk_head")
         if budget.max_tokens is None:
             return fifo_under_budget(waiting, budget, ctx, chunk_head=chunk_head)
-        window = [waiting[i] for i in range(min(self.options.lookahead, len(waiting)))]
+        window = [waiting[i] for i in range(min(self.opt("lookahead"), len(waiting)))]
         costs = [ctx.cost(seq) for seq in window]
         chosen = [False] * len(window)
         num_tokens = num_chosen = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
+from roseinfer.interface import CHUNK_HEAD_OPTION, AdmissionPolicy, PolicyContext, PolicyOption
 from roseinfer.sequence import Sequence as Seq
 
 
@@ -22,7 +22,6 @@ class LongestPrefixMatch(AdmissionPolicy):
     name = "lpm"
     description = "longest cached prefix first; FIFO for requests older than --lpm-aging-s"
     uses_token_budget = True
-    uses_chunk_head = True
     guarantees = ("ranked-prefix", "aging-bound")
     option_specs = (
         PolicyOption(
@@ -30,7 +29,9 @@ class LongestPrefixMatch(AdmissionPolicy):
             float,
             5.0,
             "lpm: a request waiting this long (s) goes first, in arrival order (default 5)",
+            minimum=0.0,
         ),
+        CHUNK_HEAD_OPTION,
     )
 
     def __init__(self, options=None) -> None:  # type: ignore[no-untyped-def]

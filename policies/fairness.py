@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from roseinfer import hookimpl
 from roseinfer.admission import head_choice
 from roseinfer.interface import (
+    CHUNK_HEAD_OPTION,
     AdmissionPolicy,
     Budget,
     Choice,
@@ -45,15 +46,19 @@ class VirtualTokenCounter(AdmissionPolicy):
     name = "vtc"
     description = "per-tenant virtual token counters: least-served tenant first (VTC, OSDI'24)"
     uses_token_budget = True
-    uses_chunk_head = True
     observes_steps = True
     guarantees = ("vtc-bound",)
     option_specs = (
-        PolicyOption("vtc_input_weight", float, 1.0, "vtc: counter weight of a prompt token (w_p)"),
         PolicyOption(
-            "vtc_output_weight", float, 2.0, "vtc: counter weight of an output token (w_q)"
+            "vtc_input_weight", float, 1.0, "vtc: counter weight of a prompt token (w_p)",
+            minimum=0.0,
         ),
-    )
+        PolicyOption(
+            "vtc_output_weight", float, 2.0, "vtc: counter weight of an output token (w_q)",
+            minimum=0.0,
+        ),
+        CHUNK_HEAD_OPTION,
+    )  # fmt: skip
 
     def __init__(self, options=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(options)
@@ -107,7 +112,7 @@ class VirtualTokenCounter(AdmissionPolicy):
             cost = ctx.cost(seq)
             if budget.max_tokens is not None and num_tokens + cost > budget.max_tokens:
                 if not selected:
-                    selected.append(head_choice(seq, cost, budget, self.options.chunk_head))
+                    selected.append(head_choice(seq, cost, budget, self.opt("chunk_head")))
                 break
             selected.append(seq)
             num_tokens += cost

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
+from roseinfer.interface import CHUNK_HEAD_OPTION, AdmissionPolicy, PolicyContext, PolicyOption
 from roseinfer.policies.ranked import preempt_for
 from roseinfer.prediction import LENGTH_PREDICTOR_OPTION, LengthPredictor
 from roseinfer.sequence import Sequence as Seq
@@ -24,9 +24,8 @@ class LengthAware(AdmissionPolicy):
     subclass defines its ``rank`` (smaller is admitted first)."""
 
     uses_token_budget = True
-    uses_chunk_head = True
     uses_length_predictor = True
-    option_specs: ClassVar[tuple[PolicyOption, ...]] = (LENGTH_PREDICTOR_OPTION,)
+    option_specs: ClassVar[tuple[PolicyOption, ...]] = (LENGTH_PREDICTOR_OPTION, CHUNK_HEAD_OPTION)
     guarantees = ("ranked-prefix",)
     predictor: LengthPredictor
 
@@ -44,7 +43,6 @@ class LengthAware(AdmissionPolicy):
         if value is None:
             value = self._predicted[seq.seq_id] = float(self.predictor.predict(seq.request))
         return value
-
 
 
 class ShortestJobFirst(LengthAware):
@@ -123,6 +121,7 @@ class HighestResponseRatio(LengthAware):
     description = "highest (wait + service) / service first: SJF with aging"
     option_specs = (
         LENGTH_PREDICTOR_OPTION,
+        CHUNK_HEAD_OPTION,
         PolicyOption(
             "hrrn_decode_ms",
             float,

@@ -51,6 +51,7 @@ class NoisyOracle(LengthPredictor):
             float,
             0.5,
             "noisy-oracle: sigma of the log error (default 0.5)",
+            minimum=0.0,
         ),
         PolicyOption(
             "length_predictor_seed", int, 0, "noisy-oracle: seed of the errors (default 0)"
@@ -82,9 +83,14 @@ class Bucket(LengthPredictor):
             float,
             0.2,
             "bucket: fraction of the workload (first by arrival) it is fitted on (default 0.2)",
+            minimum=0.0,
         ),
         PolicyOption(
-            "length_predictor_default", float, 256.0, "bucket: prediction when unfitted (tokens)"
+            "length_predictor_default",
+            float,
+            256.0,
+            "bucket: prediction when unfitted (tokens)",
+            minimum=1.0,
         ),
     )
 

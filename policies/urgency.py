@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from roseinfer import hookimpl
-from roseinfer.interface import AdmissionPolicy, PolicyContext, PolicyOption
+from roseinfer.interface import CHUNK_HEAD_OPTION, AdmissionPolicy, PolicyContext, PolicyOption
 from roseinfer.policies.ranked import preempt_for
 from roseinfer.sequence import Sequence as Seq
 
@@ -25,8 +25,8 @@ class Priority(AdmissionPolicy):
     name = "priority"
     description = "lowest priority value first (vLLM); preempts less urgent running requests"
     uses_token_budget = True
-    uses_chunk_head = True
     may_preempt = True
+    option_specs = (CHUNK_HEAD_OPTION,)
     guarantees = ("ranked-prefix", "strict-priority")
 
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[int, float, int]:
@@ -66,7 +66,6 @@ class EarliestDeadline(AdmissionPolicy):
     name = "edf"
     description = "earliest first-token deadline first; late requests last (or --drop-late)"
     uses_token_budget = True
-    uses_chunk_head = True
     may_drop = True
     guarantees = ("ranked-prefix",)
     option_specs = (
@@ -77,6 +76,7 @@ class EarliestDeadline(AdmissionPolicy):
             "edf: reject waiting requests past their first-token deadline instead of "
             "serving them last",
         ),
+        CHUNK_HEAD_OPTION,
     )
 
     @staticmethod

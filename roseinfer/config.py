@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from roseinfer.interface import PolicyOptions
+from roseinfer.interface import PolicyOptions, parse_bool
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block_size on GPUs
@@ -76,7 +76,7 @@ class SchedulerConfig:
     prefix_caching_hash_algo: str = "sha256"
     policy: str = "fifo"
     loop_order: str = "prefill-first"
-    options: PolicyOptions = PolicyOptions()
+    options: PolicyOptions = field(default_factory=PolicyOptions)
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_model_len"):
@@ -127,7 +127,7 @@ class SchedulerConfig:
             if getattr(self, name) is not None:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} only applies with --enable-chunked-prefill")
-        if self.options.chunk_head:
+        if _truthy(self.options.get("chunk_head")):
             raise ValueError("--chunk-head admits a prompt chunk: add --enable-chunked-prefill")
 
     @property
@@ -139,6 +139,11 @@ class SchedulerConfig:
     def kv_capacity_tokens(self) -> int:
         """Tokens the whole KV pool holds."""
         return self.num_kv_blocks * self.block_size
+
+
+def _truthy(value: Any) -> bool:
+    """A knob's value as a bool (``--policy-arg`` gives strings)."""
+    return parse_bool(value) if isinstance(value, str) else bool(value)
 
 
 SCHEDULER_PRESETS: dict[str, dict[str, Any]] = {

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
 if TYPE_CHECKING:
@@ -59,33 +60,41 @@ DECODE_FIRST: tuple[Phase, ...] = (Phase.DECODE, Phase.PREFILL)
 MIXED_ORDER: tuple[Phase, ...] = (Phase.MIXED,)
 
 
-@dataclass(frozen=True, slots=True)
 class PolicyOptions:
-    """Knobs handed to every policy instance.
+    """The knob values of a run's policy instances: name -> value.
+
+    Every knob is declared by the plugin that reads it (:class:`PolicyOption` in
+    its ``option_specs``: ``pack``'s ``lookahead``, the ``force-fifo`` wrapper's
+    ``force_fifo_every``, ``chunk_head``, a predictor's ``length_predictor_sigma``,
+    ...); a plugin reads its own with :meth:`AdmissionPolicy.opt`, which applies
+    the declared default and type. Values come from the plugins' flags or
+    ``--policy-arg key=value`` (strings, converted by the declared type), or
+    from Python: ``PolicyOptions(force_fifo_every=8, lookahead=16)``.
 
     Attributes:
-        lookahead: how many waiting requests ``pack`` looks at (seed 033 default 64).
-        force_fifo_every: every N-th admission round is strict FIFO; 0 disables.
-        chunk_head: ``budget``/``pack``: a head that does not fit the token budget is
-            admitted with a chunk that fills the budget (chunked prefill) instead of
-            going alone with its whole prompt.
-        extra: knobs declared by plugins (:class:`PolicyOption`), from their own
-            flags or ``--policy-arg key=value``: typed values, or strings that
-            :meth:`AdmissionPolicy.opt` converts with the declared type.
+        values: knob name -> value (read-only by convention).
     """
 
-    lookahead: int = 64
-    force_fifo_every: int = 0
-    chunk_head: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("values",)
 
-    def __post_init__(self) -> None:
-        if self.lookahead <= 0:
-            raise ValueError(f"lookahead must be > 0, got {self.lookahead}")
-        if self.force_fifo_every < 0:
-            raise ValueError(
-                f"force_fifo_every must be >= 0 (0 disables), got {self.force_fifo_every}"
-            )
+    def __init__(self, values: Mapping[str, Any] | None = None, **knobs: Any) -> None:
+        self.values: dict[str, Any] = {**(values or {}), **knobs}
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value given for ``name`` (not converted), else ``default``."""
+        return self.values.get(name, default)
+
+    def replace(self, **knobs: Any) -> PolicyOptions:
+        """A copy with ``knobs`` set."""
+        return PolicyOptions(self.values, **knobs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PolicyOptions) and self.values == other.values
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PolicyOptions({self.values!r})"
 
 
 def parse_bool(text: str) -> bool:
@@ -114,6 +123,8 @@ class PolicyOption:
         default: value when not given.
         help: one line for ``--help`` (units included).
         choices: allowed values, or None.
+        minimum: smallest allowed value of an ``int`` or ``float`` knob, or None.
+        A ``float`` knob must be finite (no NaN or inf).
     """
 
     name: str
@@ -121,6 +132,7 @@ class PolicyOption:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
 
     @property
     def flag(self) -> str:
@@ -136,12 +148,44 @@ class PolicyOption:
         try:
             if isinstance(value, str):
                 value = parse_bool(value) if self.type is bool else self.type(value)
-        except ValueError:
-            raise ValueError(f"{self.flag} takes a {self.type.__name__}, got {value!r}") from None
+            value = _typed(value, self.type)
+        except (ValueError, TypeError):
+            kind = {"int": "an integer", "float": "a number", "bool": "true or false"}.get(
+                self.type.__name__, f"a {self.type.__name__}"
+            )
+            raise ValueError(f"{self.flag} takes {kind}, got {value!r}") from None
+        if self.type is float and not math.isfinite(value):
+            raise ValueError(f"{self.flag} must be a finite number, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{self.flag} must be >= {self.minimum:g}, got {value!r}")
         if self.choices is not None and value not in self.choices:
             known = ", ".join(map(str, self.choices))
             raise ValueError(f"{self.flag} must be one of {known}, got {value!r}")
         return value
+
+
+def _typed(value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` when it already is one (an int for a float knob is
+    widened); anything else (a float for an int knob, a bool for a number) is a
+    TypeError."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (int, float) and isinstance(value, bool):
+        raise TypeError(value)
+    if not isinstance(value, kind):
+        raise TypeError(value)
+    return value
+
+
+CHUNK_HEAD_OPTION = PolicyOption(
+    "chunk_head",
+    bool,
+    False,
+    "a head that does not fit the token budget is admitted with a chunk that fills it, "
+    "instead of alone with its whole prompt (needs chunked prefill)",
+)
+"""The ``chunk_head`` knob of the policies that admit under the token budget; the
+default :meth:`AdmissionPolicy.admit` reads it when the class declares it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,8 +310,6 @@ class AdmissionPolicy:
         description: one line shown by ``--list-policies``.
         uses_token_budget: True if ``admit`` honours ``budget.max_tokens``;
             the CLI rejects ``--prefill-max-tokens`` with a policy that ignores it.
-        uses_lookahead: True if ``admit`` reads ``options.lookahead``.
-        uses_chunk_head: True if ``admit`` reads ``options.chunk_head``.
         preserves_arrival_order: declares that every selection lists requests in
             queue order (the property tests check what a policy declares).
         admits_queue_prefix: declares that every selection is a prefix of the
@@ -277,7 +319,9 @@ class AdmissionPolicy:
         observes_steps: the scheduler calls :meth:`observe_step` after every step.
         uses_length_predictor: the registry sets ``self.predictor`` (a
             :class:`roseinfer.prediction.LengthPredictor` named by ``--length-predictor``).
-        option_specs: typed knobs this plugin reads (:class:`PolicyOption`).
+        option_specs: typed knobs this plugin reads (:class:`PolicyOption`); the
+            CLIs turn each into a flag, and a knob no plugin of a run declares is
+            an error.
         guarantees: names of the properties it declares (checked by
             ``tests/test_properties.py``), e.g. ``"strict-priority"``.
     """
@@ -285,8 +329,6 @@ class AdmissionPolicy:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_token_budget: ClassVar[bool] = False
-    uses_lookahead: ClassVar[bool] = False
-    uses_chunk_head: ClassVar[bool] = False
     preserves_arrival_order: ClassVar[bool] = False
     admits_queue_prefix: ClassVar[bool] = False
     may_preempt: ClassVar[bool] = False
@@ -308,9 +350,14 @@ class AdmissionPolicy:
         """
         for spec in type(self).option_specs:
             if spec.name == name:
-                value = self.options.extra.get(name)
+                value = self.options.get(name)
                 return spec.default if value is None else spec.convert(value)
         raise KeyError(f"{type(self).__name__} declares no option {name!r}")
+
+    @classmethod
+    def declares(cls, name: str) -> bool:
+        """True when the class declares the knob ``name`` in its ``option_specs``."""
+        return any(spec.name == name for spec in cls.option_specs)
 
     def prepare(self, requests: Sequence[Any]) -> None:
         """Called once with the whole workload (``list[Request]`` sorted by
@@ -403,7 +450,7 @@ class AdmissionPolicy:
         """
         from roseinfer.admission import admit_ranked, fifo_under_budget
 
-        chunk_head = bool(self.uses_chunk_head and self.options.chunk_head)
+        chunk_head = bool(self.declares("chunk_head") and self.opt("chunk_head"))
         if budget.max_tokens is not None and not self.uses_token_budget:
             budget = dataclasses.replace(budget, max_tokens=None)  # fifo: seats and blocks only
         if self.ranks():
@@ -613,6 +660,3 @@ def _base(policy: AdmissionPolicy) -> AdmissionPolicy:
     while isinstance(policy, PolicyWrapper):
         policy = policy.inner
     return policy
-
-
-

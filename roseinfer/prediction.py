@@ -48,7 +48,7 @@ class LengthPredictor:
         """
         for spec in type(self).option_specs:
             if spec.name == name:
-                value = self.options.extra.get(name)
+                value = self.options.get(name)
                 return spec.default if value is None else spec.convert(value)
         raise KeyError(f"{type(self).__name__} declares no option {name!r}")
 

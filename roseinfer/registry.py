@@ -107,7 +107,7 @@ class Registry:
         cls = self.policy(policy)
         specs = [*cls.option_specs, *self.loop_order(loop_order).option_specs]
         if cls.uses_length_predictor:
-            value = options.extra.get("length_predictor", LENGTH_PREDICTOR_OPTION.default)
+            value = options.get("length_predictor", LENGTH_PREDICTOR_OPTION.default)
             specs += self.predictor(str(value)).option_specs
         for entry in self.wrappers.values():
             if entry.cls.enabled(options):

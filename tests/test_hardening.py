@@ -364,7 +364,7 @@ def test_a_declared_policy_arg_is_accepted_and_others_listed() -> None:
     reg = load_registry()
     reg.policies["knobby"] = Entry(cls, "t")
     args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "alpha=2"])
-    assert policy_options(args, reg).extra == {"alpha": 2}
+    assert policy_options(args, reg).values == {"alpha": 2}
     args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "gamma=2"])
     with pytest.raises(ValueError, match="reads: alpha, beta"):
         policy_options(args, reg)

@@ -74,7 +74,7 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
         policy=policy,
         loop_order=order,
         options=PolicyOptions(
-            force_fifo_every=draw(st.sampled_from([0, 0, 3])), extra=extra,
+            extra, force_fifo_every=draw(st.sampled_from([0, 0, 3])),
         ),
     )  # fmt: skip
 

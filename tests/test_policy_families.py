@@ -85,10 +85,10 @@ def test_predictors() -> None:
     r = Request("x", 0.0, 100, 40)
     assert reg.predictor("oracle")().predict(r) == 40
     noisy = reg.predictor("noisy-oracle")
-    a = noisy(PolicyOptions(extra={"length_predictor_seed": 1})).predict(r)
-    assert a == noisy(PolicyOptions(extra={"length_predictor_seed": 1})).predict(r) != 40
-    assert a != noisy(PolicyOptions(extra={"length_predictor_seed": 2})).predict(r)
-    bucket = reg.predictor("bucket")(PolicyOptions(extra={"length_predictor_train_fraction": 0.5}))
+    a = noisy(PolicyOptions({"length_predictor_seed": 1})).predict(r)
+    assert a == noisy(PolicyOptions({"length_predictor_seed": 1})).predict(r) != 40
+    assert a != noisy(PolicyOptions({"length_predictor_seed": 2})).predict(r)
+    bucket = reg.predictor("bucket")(PolicyOptions({"length_predictor_train_fraction": 0.5}))
     train = [Request(f"t{i}", i, 100 if i % 2 else 2000, 10 if i % 2 else 500) for i in range(8)]
     bucket.fit(train + [Request("late", 9, 100, 9999)] * 0)
     assert (
@@ -162,7 +162,7 @@ def test_edf_serves_by_deadline_and_drops_late_with_the_flag() -> None:
         req(i, 8, 2, arrival=0.5, deadline_s=d) for i, d in ((1, 50.0), (2, 1.0), (3, 40.0))
     ]
     for drop in (False, True):
-        opts = PolicyOptions(extra={"drop_late": drop})
+        opts = PolicyOptions({"drop_late": drop})
         df = drive(
             make_scheduler(load_registry(), policy="edf", max_num_seqs=1, options=opts), reqs
         )
@@ -183,7 +183,7 @@ def test_sjf_oracle_beats_fifo_mean_latency_and_none_is_fifo() -> None:
     ):
         extra = {"length_predictor": predictor} if predictor else {}
         sched = make_scheduler(
-            load_registry(), policy=policy, max_num_seqs=1, options=PolicyOptions(extra=extra)
+            load_registry(), policy=policy, max_num_seqs=1, options=PolicyOptions(extra)
         )
         df = drive(sched, reqs)
         means[label] = (df.finish_s - df.arrival_s).mean()
@@ -234,7 +234,7 @@ def rose_sim(monkeypatch, capsys, *args):  # type: ignore[no-untyped-def]
         ),
         (
             ["--policy", "hrrn", "--hrrn-decode-ms", "fast"],
-            "--hrrn-decode-ms takes a float, got 'fast'",
+            "--hrrn-decode-ms takes a number, got 'fast'",
         ),
         (
             ["--policy", "sjf", "--length-predictor", "psychic"],

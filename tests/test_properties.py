@@ -55,7 +55,7 @@ class RandomPhases(AdmissionPolicy):
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         super().__init__(options)
-        self.rng = random.Random(int((options or PolicyOptions()).extra.get("seed", "0")))
+        self.rng = random.Random(int((options or PolicyOptions()).get("seed", "0")))
 
     def order(self, ctx):  # type: ignore[no-untyped-def]
         return tuple(self.rng.choice(list(Phase)) for _ in range(self.rng.randint(1, 5)))
@@ -181,7 +181,7 @@ def configs(draw) -> dict:  # type: ignore[no-untyped-def]
         "options": PolicyOptions(
             lookahead=draw(st.integers(1, 8)),
             force_fifo_every=draw(st.sampled_from([0, 0, 1, 2, 3])),
-            chunk_head=chunked and cls.uses_chunk_head and draw(st.booleans()),
+            chunk_head=chunked and cls.declares("chunk_head") and draw(st.booleans()),
             extra={
                 "seed": str(draw(st.integers(0, 99))),
                 "length_predictor": draw(st.sampled_from(PREDICTORS)),
@@ -275,7 +275,7 @@ def test_every_answer_is_valid_makes_progress_and_keeps_declared_order(
     sched, spy = spied(cfg)
     run(sched, reqs)
     policy = REGISTRY.policy(cfg["policy"])
-    forced_every = cfg["options"].force_fifo_every
+    forced_every = cfg["options"].get("force_fifo_every", 0)
     for call in spy.calls:
         sel = call.selection
         assert len(set(sel)) == len(sel) and set(sel) <= set(call.waiting)
@@ -295,7 +295,7 @@ def test_every_answer_is_valid_makes_progress_and_keeps_declared_order(
 @given(reqs=workloads(), cfg=configs(), every=st.integers(1, 4))
 def test_force_fifo_bounds_starvation(reqs: list[Request], cfg: dict, every: int) -> None:
     cfg = {**cfg, "num_kv_blocks": 10_000, "policy": "pack", "prefill_max_tokens": 16}
-    cfg["options"] = PolicyOptions(lookahead=cfg["options"].lookahead, force_fifo_every=every)
+    cfg["options"] = cfg["options"].replace(force_fifo_every=every, chunk_head=False)
     sched, spy = spied(cfg)
     run(sched, reqs)
     admitted_round: dict[int, int] = {}
@@ -325,8 +325,8 @@ def declares(policy: str, guarantee: str) -> bool:
 def test_declared_rank_order_priority_and_aging(reqs: list[Request], cfg: dict) -> None:
     sched, spy = spied(cfg)
     run(sched, reqs)
-    policy, every = cfg["policy"], cfg["options"].force_fifo_every
-    aging_s = float(cfg["options"].extra["lpm_aging_s"])
+    policy, every = cfg["policy"], cfg["options"].get("force_fifo_every", 0)
+    aging_s = float(cfg["options"].get("lpm_aging_s", 5.0))
     for call in spy.calls:
         if every and call.round_index % every == 0:
             continue  # a force-FIFO round

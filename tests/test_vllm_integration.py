@@ -87,30 +87,30 @@ if pytest is not None:
             "--policy pack --prefill-max-tokens 256 --force-fifo-every 8 --lookahead 16", registry
         )
         assert (s.policy, s.prefill_max_tokens) == ("pack", 256)
-        assert (s.options.force_fifo_every, s.options.lookahead) == (8, 16)
+        assert (s.options.get("force_fifo_every"), s.options.get("lookahead")) == (8, 16)
         assert s.make(registry).label == "pack+force-fifo+mixed"
         s = parse_policy_env("--policy sjf --length-predictor oracle", registry)
-        assert s.options.extra == {"length_predictor": "oracle"}
+        assert s.options.values == {"length_predictor": "oracle"}
         s = parse_policy_env("--policy vtc --vtc-output-weight 2", registry)
-        assert s.options.extra == {"vtc_output_weight": 2.0}
+        assert s.options.values == {"vtc_output_weight": 2.0}
         s = parse_policy_env("--policy vtc --policy-arg vtc_input_weight=0.5", registry)
-        assert s.options.extra == {"vtc_input_weight": 0.5}
+        assert s.options.values == {"vtc_input_weight": 0.5}
         s = parse_policy_env(
             "--policy budget --prefill-max-tokens 64 --prefill-max-seqs 2", registry
         )
         assert (s.prefill_max_tokens, s.prefill_max_seqs) == (64, 2)
         s = parse_policy_env("--policy edf --drop-late --loop-order mixed", registry)
-        assert s.options.extra == {"drop_late": True}
+        assert s.options.values == {"drop_late": True}
         assert parse_policy_env("--scheduler-preset vllm-v1", registry).loop_order == "mixed"
 
     @pytest.mark.parametrize(
         ("text", "expected"),
         [
             ("--policy nope", "unknown policy 'nope' for --policy; known: budget"),
-            ("--lookahead 8", "--lookahead is read only by: pack; policy 'fifo' ignores it"),
+            ("--lookahead 8", "no plugin of this run reads 'lookahead'"),
             ("--prefill-max-tokens 64", "policy 'fifo' ignores --prefill-max-tokens"),
-            ("--policy pack --lookahead x", "argument --lookahead: expected an integer, got 'x'"),
-            ("--policy vtc --vtc-output-weight heavy", "--vtc-output-weight takes a float"),
+            ("--policy pack --lookahead x", "--lookahead takes an integer, got 'x'"),
+            ("--policy vtc --vtc-output-weight heavy", "--vtc-output-weight takes a number"),
             ("--policy sjf --length-predictor psychic", "unknown length predictor 'psychic'"),
             ("--policy-arg nothing=1", "no plugin of this run reads 'nothing'"),
             ("--bogus", "unrecognized arguments: --bogus"),
