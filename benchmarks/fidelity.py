@@ -46,7 +46,8 @@ import torch  # noqa: E402
 
 from roseinfer import workloads  # noqa: E402
 from roseinfer.calibration import Profile, load_profile  # noqa: E402
-from roseinfer.calibration.profile import load_calibration  # noqa: E402
+from roseinfer.calibration.cost_model import CostModel  # noqa: E402
+from roseinfer.calibration.profile import cost_model_from_steps, load_calibration  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor import cli as run_cli  # noqa: E402
 from roseinfer.executor.facts import model_spec_of  # noqa: E402
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resamples", type=int, default=400, help="bootstrap resamples")
     p.add_argument("--profile-repetitions", type=int, default=3, help="when profiling here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loo-steps", action="store_true",
+                   help="also price each combination by a fit of the OTHER combinations' "
+                   "step logs of the same case (calibrated from runs you have), a second table")  # fmt: skip
     p.add_argument("--save-steps-dir", type=Path,
                    help="write every real run's step log there (TRACE-LOAD-POLICY-ORDER-K.jsonl)")  # fmt: skip
     p.add_argument("--output", type=Path, default=Path("fidelity"),
@@ -187,9 +191,31 @@ def base_config(profile: Profile, args: argparse.Namespace) -> SchedulerConfig:
                            max_num_seqs=num_seqs, max_model_len=d["max_model_len"])  # fmt: skip
 
 
+def timed_requests(args, reqs, load, capacity):  # type: ignore[no-untyped-def]
+    """The slice with Poisson arrivals at ``load`` x capacity (seeded)."""
+    return workloads.rescale_arrivals(reqs, request_rate=load * capacity, seed=args.seed)
+
+
+def leave_one_out(args, timed, combos, report) -> FidelityReport | None:  # type: ignore[no-untyped-def]
+    """The same real runs, each combination simulated with a step model fitted to
+    the step logs of the case's OTHER combinations (``--loo-steps``)."""
+    if not args.loo_steps or len(combos) < 2:
+        return None
+    steps = {name: [s for run in runs for s in (run.steps or [])]
+             for name, runs in report.real.items()}  # fmt: skip
+
+    def cost_for(name: str) -> CostModel:
+        others = [s for other, recs in steps.items() if other != name for s in recs]
+        return cost_model_from_steps(others, f"{len(others)} steps of the other combinations")
+
+    cached = {id(c.config): iter(report.real[c.name]) for c in combos}
+    return run_fidelity(timed, combos, cost_for, lambda _r, config: next(cached[id(config)]),
+                        repeats=args.repeats, num_resamples=args.resamples)  # fmt: skip
+
+
 def run_case(args, reqs, load, capacity, combos, cost_model, real) -> FidelityReport:  # type: ignore[no-untyped-def]
     """One trace slice at one load: Poisson arrivals at ``load`` x capacity."""
-    timed = workloads.rescale_arrivals(reqs, request_rate=load * capacity, seed=args.seed)
+    timed = timed_requests(args, reqs, load, capacity)
 
     def on_run(name: str, what: str) -> None:
         print(f"  {name}: {what}", file=sys.stderr, flush=True)
@@ -229,11 +255,17 @@ def main() -> int:
             md += [f"### {title}", "", "End to end (sim - real) / real (± noise floor; * = "
                    "inside the real runs' 95% CI):", "", markdown_table(report, SUMMARY_METRICS),
                    "", "Decomposition:", "", decomposition_table(report), ""]  # fmt: skip
+            loo = leave_one_out(args, timed_requests(args, reqs, load, capacity), combos, report)
+            if loo is not None:
+                md += ["Calibrated from the other combinations' step logs of this case "
+                       "(`rose-sim --cost-model THEIR_STEPS.jsonl`):", "",
+                       markdown_table(loo, SUMMARY_METRICS), "", decomposition_table(loo), ""]  # fmt: skip
             if args.save_steps_dir is not None:
                 save_steps(args.save_steps_dir, f"{trace}-{load:g}", report)
             cases.append({"trace": trace, "workload": name, "load": load,
                           "capacity_req_s": capacity, "request_rate": load * capacity,
-                          **report.to_json()})  # fmt: skip
+                          **report.to_json(),
+                          "leave_one_out": None if loo is None else loo.to_json()})  # fmt: skip
             write_outputs(args.output, _doc(args, cost_model, facts_before, start, cases), md)
     print(args.output.with_suffix(".md").read_text())
     return 0

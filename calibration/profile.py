@@ -86,11 +86,19 @@ from roseinfer.calibration.step_model import (
 from roseinfer.calibration.steplog import (
     StepLogError,
     StepLogFile,
+    StepRecord,
     is_step_log,
     load_step_log,
 )
 
-__all__ = ["PROFILE_SCHEMA", "Profile", "load_calibration", "load_profile", "step_samples"]
+__all__ = [
+    "PROFILE_SCHEMA",
+    "Profile",
+    "cost_model_from_steps",
+    "load_calibration",
+    "load_profile",
+    "step_samples",
+]
 
 PROFILE_SCHEMA = "roseinfer-profile/1"
 
@@ -104,9 +112,7 @@ def _step_model_from_json(doc: Mapping[str, Any], samples: Sequence[ProfileSampl
         targets = np.array([s.target_s for s in samples])
         fallback = _step_model_from_json(doc["fallback"], samples)
         assert isinstance(fallback, LinearStepModel)
-        return InterpolatedStepModel(
-            str(doc["name"]), InterpolatedStepModel.coordinates(agg), targets, fallback
-        )
+        return InterpolatedStepModel.of_samples(str(doc["name"]), agg, targets, fallback)
     knots = tuple(float(k) for k in doc["token_knots"])
     model = LinearStepModel(str(doc["name"]), knots, ())
     coefficients = tuple(float(doc["coefficients"][n]) for n in model.feature_names)
@@ -346,12 +352,24 @@ def load_profile(path: str | Path) -> Profile:
     return Profile.from_json(doc)
 
 
-def step_samples(log: StepLogFile) -> list[ProfileSample]:
+def step_samples(log: StepLogFile | Sequence[StepRecord]) -> list[ProfileSample]:
     """One sample per logged step: its shape and measured duration (host work
     included, so ``host_s`` is 0). Steps of zero duration are skipped."""
-    return [
-        ProfileSample(r.kind, r.shape, (r.duration_s,)) for r in log.records if r.duration_s > 0
-    ]
+    records = log.records if isinstance(log, StepLogFile) else log
+    return [ProfileSample(r.kind, r.shape, (r.duration_s,)) for r in records if r.duration_s > 0]
+
+
+def cost_model_from_steps(
+    records: Sequence[StepRecord], label: str, seed: int = 0
+) -> ProfiledCostModel:
+    """The step model fitted to logged steps in memory (as ``rose-sim --cost-model
+    STEPLOG`` fits a file), its held-out error measured on steps it did not see.
+
+    Raises:
+        ProfileError: with fewer than 10 steps.
+    """
+    fit = fit_step_model(step_samples(records), seed)
+    return ProfiledCostModel(fit.model, label, fit.held_out.get(fit.model.name))
 
 
 def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:

@@ -203,10 +203,15 @@ class FidelityReport:
         )
 
 
+CostModelFor = CostModel | Callable[[str], CostModel]
+"""One cost model for every combination, or a function giving a combination's
+(by name), e.g. one calibrated from the other combinations' step logs."""
+
+
 def run_fidelity(
     requests: Sequence[Request],
     combinations: Sequence[Combination],
-    cost_model: CostModel,
+    cost_model: CostModelFor,
     real_run: RealRun,
     *,
     repeats: int = 3,
@@ -221,7 +226,8 @@ def run_fidelity(
         requests: the request list both backends replay (token ids included,
             so prefix-cache hits match).
         combinations: named scheduler configurations (distinct names).
-        cost_model: prices the simulated steps (e.g. a profile's).
+        cost_model: prices the simulated steps (e.g. a profile's), or a function
+            ``name -> CostModel`` giving each combination its own.
         real_run: runs requests on the real executor, recording steps; called
             ``repeats`` times per combination, back to back.
         repeats: real runs per combination (>= 3 for a noise floor worth the name).
@@ -243,10 +249,13 @@ def run_fidelity(
     real: dict[str, list[RunOutput]] = {}
     replays: dict[str, list[RunOutput]] = {}
     decomposition: dict[str, dict[str, Any]] = {}
+    described: dict[str, str] = {}
     for combo in combinations:
+        model = cost_model if isinstance(cost_model, CostModel) else cost_model(combo.name)
+        described[combo.name] = model.describe()
         if on_run is not None:
             on_run(combo.name, "sim")
-        sim[combo.name] = simulate_output(requests, combo.config, cost_model, registry)
+        sim[combo.name] = simulate_output(requests, combo.config, model, registry)
         real[combo.name] = []
         for k in range(repeats):
             if on_run is not None:
@@ -255,7 +264,7 @@ def run_fidelity(
             check_same_requests(sim[combo.name], run, f"{combo.name} sim vs real #{k + 1}")
             real[combo.name].append(run)
         replays[combo.name], decomposition[combo.name] = _decompose(
-            real[combo.name], combo.config, cost_model, requests, registry
+            real[combo.name], combo.config, model, requests, registry
         )
     table = fidelity_table(sim, real, num_resamples=num_resamples)
     for name, parts in decomposition.items():
@@ -265,7 +274,9 @@ def run_fidelity(
         "num_combinations": len(names),
         "num_requests": len(requests),
         "repeats": repeats,
-        "cost_model": cost_model.describe(),
+        "cost_model": described
+        if len(set(described.values())) > 1
+        else next(iter(described.values())),
     }
     return FidelityReport(table, decomposition, summary, sim, real, replays)
 
