@@ -20,7 +20,14 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from roseinfer.calibration.specs import DeviceSpec, ModelSpec, get_device_spec, get_model_spec
+from roseinfer.calibration.specs import (
+    DeviceSpec,
+    LinkSpec,
+    ModelSpec,
+    get_device_spec,
+    get_link_spec,
+    get_model_spec,
+)
 from roseinfer.scheduler import StepTotals
 
 __all__ = [
@@ -240,30 +247,64 @@ class RooflineCostModel:
         (they matter only for very large prefills, which are compute-bound
         anyway).
 
-    Communication under tensor parallelism (all-reduces) is ignored; KV heads
-    are replicated once ``tensor_parallel`` exceeds them.
+    KV heads are replicated once ``tensor_parallel`` exceeds them.
+
+    Communication (on the critical path, added to the step):
+      * tensor parallelism: two all-reduces of the activations (``tokens x
+        hidden x dtype`` bytes) per layer, after attention and after the MLP
+        (Megatron-LM: Shoeybi et al. 2019, sec. 3); a ring all-reduce takes
+        ``latency + 2 (tp - 1) / tp x bytes / bandwidth`` (Patarasuk and Yuan,
+        2009), as Vidur's TP model;
+      * pipeline parallelism: the layers are split into ``pipeline_parallel``
+        stages run one after another, each on its own GPUs, with the
+        activations handed over between stages (``pp - 1`` transfers per step).
+        A replica runs one batch through its stages at a time: the other stages
+        idle meanwhile (the bubble), so pipeline parallelism adds memory and
+        transfers, not speed (engines that keep several batches in flight fill
+        the bubble; this model does not).
 
     Args:
         model: the model's shape; its ``dtype_bytes`` sets weight and KV bytes.
         device: peaks, efficiency factors and per-iteration overhead.
-        tensor_parallel: devices the model is sharded over (>= 1, dividing
-            the attention heads).
+        tensor_parallel: GPUs each stage is sharded over (>= 1, dividing the
+            attention heads).
+        pipeline_parallel: stages the layers are split into (1..num_layers).
+        link: the link the collectives cross (default: the device's own).
 
     Raises:
-        ValueError: on a bad ``tensor_parallel``.
+        ValueError: on a bad ``tensor_parallel`` or ``pipeline_parallel``, or a
+            parallel replica on a device without a link.
     """
 
     name = "roofline"
 
-    def __init__(self, model: ModelSpec, device: DeviceSpec, tensor_parallel: int = 1) -> None:
+    def __init__(
+        self,
+        model: ModelSpec,
+        device: DeviceSpec,
+        tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
+        link: LinkSpec | None = None,
+    ) -> None:
         if tensor_parallel < 1 or model.num_attention_heads % tensor_parallel:
             raise ValueError(
                 f"tensor_parallel must be >= 1 and divide num_attention_heads "
                 f"({model.num_attention_heads}), got {tensor_parallel}"
             )
+        if not 1 <= pipeline_parallel <= model.num_layers:
+            raise ValueError(
+                f"pipeline_parallel must be in 1..{model.num_layers} (the layers), "
+                f"got {pipeline_parallel}"
+            )
+        if link is None and (tensor_parallel > 1 or pipeline_parallel > 1):
+            if not device.link:
+                raise ValueError(f"{device.name} has no link between GPUs; name one")
+            link = get_link_spec(device.link)
         self.model = model
         self.device = device
         self.tensor_parallel = tensor_parallel
+        self.pipeline_parallel = pipeline_parallel
+        self.link = link
         kv_shards = min(tensor_parallel, model.num_kv_heads)
         # Per-device coefficients, as Python floats so scalar and vectorized
         # paths do the same float64 arithmetic (bit-identical results).
@@ -276,6 +317,23 @@ class RooflineCostModel:
         self._achievable_bandwidth = device.achievable_bandwidth
         self._overhead_s = device.overhead_s
         self._kv_bytes_per_token = float(model.kv_bytes_per_token) / kv_shards
+        self._comm_s, self._comm_s_per_token = self._communication()
+
+    def _communication(self) -> tuple[float, float]:
+        """(seconds per step, seconds per computed token) of the collectives."""
+        link, tp, pp = self.link, self.tensor_parallel, self.pipeline_parallel
+        if link is None:
+            return 0.0, 0.0
+        token_bytes = float(self.model.hidden_size * self.model.dtype_bytes)
+        fixed = per_token = 0.0
+        if tp > 1:
+            num_all_reduces = 2 * self.model.num_layers
+            fixed += num_all_reduces * link.latency_s
+            per_token += num_all_reduces * 2.0 * (tp - 1) / tp * token_bytes / link.bandwidth
+        if pp > 1:
+            fixed += (pp - 1) * link.latency_s
+            per_token += (pp - 1) * token_bytes / link.bandwidth
+        return fixed, per_token
 
     def flops(self, shape: BatchShape) -> float:
         """Per-device FLOPs of one iteration."""
@@ -331,9 +389,13 @@ class RooflineCostModel:
     def describe(self) -> str:
         """One line: model, dtype, device, parallelism, achievable peaks, overhead."""
         device = self.device
+        parallel = f"TP{self.tensor_parallel}" + (
+            f" PP{self.pipeline_parallel}" if self.pipeline_parallel > 1 else ""
+        )
+        link = f" over {self.link.name}" if self.link is not None else ""
         return (
             f"roofline: {self.model.name} ({self.model.dtype_bytes}-byte weights) on "
-            f"{device.name} x{self.tensor_parallel}; "
+            f"{device.name} {parallel}{link}; "
             f"{device.achievable_flops / 1e12:.3g} TFLOP/s (mfu {device.mfu:.2f}), "
             f"{device.achievable_bandwidth / 1e9:.4g} GB/s "
             f"(bw eff {device.bandwidth_efficiency:.2f}), "
@@ -372,9 +434,10 @@ class RooflineCostModel:
     ) -> _Num:
         compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self._achievable_flops
         memory_s = self._bytes(num_tokens, kv_read_tokens) / self._achievable_bandwidth
+        comm_s = self._comm_s + self._comm_s_per_token * num_tokens
         if isinstance(compute_s, float):  # NOTE: a ufunc call costs more than this step
-            return max(compute_s, memory_s) + self._overhead_s  # type: ignore[type-var]
-        return np.maximum(compute_s, memory_s) + self._overhead_s
+            return max(compute_s, memory_s) + self._overhead_s + comm_s  # type: ignore[type-var]
+        return np.maximum(compute_s, memory_s) + self._overhead_s + comm_s
 
 
 def make_cost_model(
@@ -382,6 +445,8 @@ def make_cost_model(
     device: str | DeviceSpec,
     dtype_bytes: int | None = None,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    link: str | LinkSpec | None = None,
 ) -> CostModel:
     """A roofline cost model from built-in names (or specs).
 
@@ -391,13 +456,18 @@ def make_cost_model(
         dtype_bytes: bytes per weight/KV element; ``None`` takes the device's
             run dtype (2 = bf16 on GPUs, 4 = fp32 on ``cpu``), overriding the
             model spec's.
-        tensor_parallel: devices the model is sharded over.
+        tensor_parallel: GPUs each pipeline stage is sharded over.
+        pipeline_parallel: pipeline stages.
+        link: the link between the GPUs (a :data:`LINKS` name or spec; default
+            the device's).
 
     Raises:
         UnknownSpecError: for an unknown name (lists the known ones).
+        ValueError: on a parallelism the model or device cannot take.
     """
     model_spec = get_model_spec(model) if isinstance(model, str) else model
     device_spec = get_device_spec(device) if isinstance(device, str) else device
     dtype_bytes = device_spec.dtype_bytes if dtype_bytes is None else dtype_bytes
     model_spec = replace(model_spec, dtype_bytes=dtype_bytes)
-    return RooflineCostModel(model_spec, device_spec, tensor_parallel=tensor_parallel)
+    link_spec = get_link_spec(link) if isinstance(link, str) else link
+    return RooflineCostModel(model_spec, device_spec, tensor_parallel, pipeline_parallel, link_spec)

@@ -18,11 +18,14 @@ from typing import Any
 
 __all__ = [
     "DEVICES",
+    "LINKS",
     "MODELS",
     "DeviceSpec",
+    "LinkSpec",
     "ModelSpec",
     "UnknownSpecError",
     "get_device_spec",
+    "get_link_spec",
     "get_model_spec",
     "model_spec_from_hf_config",
 ]
@@ -190,6 +193,8 @@ class DeviceSpec:
             launches, scheduling, input preparation, sampling.
         dtype_bytes: bytes per element of the dtype models run in on this
             device (2 = bf16 on GPUs; the cpu spec assumes fp32, 4).
+        link: name of the link between the GPUs of one server (a :data:`LINKS`
+            key), which tensor- and pipeline-parallel collectives cross; "" for none.
     """
 
     name: str
@@ -200,6 +205,7 @@ class DeviceSpec:
     bandwidth_efficiency: float
     overhead_s: float
     dtype_bytes: int = 2
+    link: str = ""
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
@@ -331,6 +337,7 @@ _A100_80GB = DeviceSpec(
     mfu=_GPU_MFU,
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
+    link="nvlink3",
 )
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 tensor 1,979 TFLOPS
 # with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB.
@@ -342,6 +349,7 @@ _H100_SXM = DeviceSpec(
     mfu=_GPU_MFU,
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
+    link="nvlink4",
 )
 # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute as H100 SXM
 # (989 TFLOPS BF16 dense), HBM3e 4.8 TB/s, 141 GB.
@@ -353,6 +361,7 @@ _H200 = DeviceSpec(
     mfu=_GPU_MFU,
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
+    link="nvlink4",
 )
 # A generic small server CPU (about 2 cores) running PyTorch in fp32; an
 # assumption, not a datasheet, good to an order of magnitude only:
@@ -382,6 +391,65 @@ DEVICES: dict[str, DeviceSpec] = {
     "cpu": _CPU,
 }
 """Built-in device specs by lowercase name, with short aliases."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """A link data crosses between GPUs: tensor-parallel all-reduces and pipeline
+    stage handoffs inside a replica, or KV transfers between replicas.
+
+    Attributes:
+        name: display name.
+        bandwidth: achievable bytes/s in one direction per GPU (the datasheet
+            rate times an efficiency, see :data:`LINKS`).
+        latency_s: fixed seconds per message (a collective or a transfer).
+    """
+
+    name: str
+    bandwidth: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("bandwidth",))
+        if not self.latency_s >= 0:
+            raise ValueError(f"LinkSpec.latency_s must be >= 0, got {self.latency_s}")
+
+    def transfer_s(self, num_bytes: float) -> float:
+        """Seconds to move ``num_bytes`` over the link once (latency + bytes / bandwidth)."""
+        return self.latency_s + num_bytes / self.bandwidth
+
+
+# Links. Bandwidths are per direction per GPU: the datasheet rate x an efficiency
+# (0.8 for NVLink/PCIe/RDMA, what NCCL's bus bandwidth reaches on large messages
+# in nccl-tests; 0.6 for TCP, which pays for its protocol stack). Latencies are
+# the order of a small message: NCCL all-reduce on NVLink ~10 us (nccl-tests),
+# RDMA ~5 us, TCP ~50 us (an assumption: kernel network stack round trip).
+#   nvlink4: NVIDIA H100/H200 SXM datasheet, NVLink 900 GB/s per GPU (both
+#     directions together), so 450 GB/s each way.
+#   nvlink3: NVIDIA A100 SXM datasheet, NVLink 600 GB/s, so 300 GB/s each way.
+#   pcie5 / pcie4: PCI Express 5.0 / 4.0 x16, 32 / 16 GT/s x 16 lanes with
+#     128b/130b coding: 63 / 31.5 GB/s each way.
+#   rdma-400g: 400 Gb/s InfiniBand NDR or RoCE (ConnectX-7), 50 GB/s each way.
+#   tcp-100g: 100 Gb/s Ethernet, 12.5 GB/s each way.
+LINKS: dict[str, LinkSpec] = {
+    "nvlink4": LinkSpec(name="nvlink4", bandwidth=0.8 * 450 * GB, latency_s=10e-6),
+    "nvlink3": LinkSpec(name="nvlink3", bandwidth=0.8 * 300 * GB, latency_s=10e-6),
+    "pcie5": LinkSpec(name="pcie5", bandwidth=0.8 * 63 * GB, latency_s=10e-6),
+    "pcie4": LinkSpec(name="pcie4", bandwidth=0.8 * 31.5 * GB, latency_s=10e-6),
+    "rdma-400g": LinkSpec(name="rdma-400g", bandwidth=0.8 * 50 * GB, latency_s=5e-6),
+    "tcp-100g": LinkSpec(name="tcp-100g", bandwidth=0.6 * 12.5 * GB, latency_s=50e-6),
+}
+"""Built-in links by name (sources above)."""
+
+
+def get_link_spec(name: str) -> LinkSpec:
+    """The built-in link called ``name``.
+
+    Raises:
+        UnknownSpecError: listing the known links.
+    """
+    spec: LinkSpec = _lookup("link", LINKS, name)
+    return spec
 
 
 def _lookup(kind: str, registry: Mapping[str, Any], name: str) -> Any:

@@ -325,6 +325,7 @@ def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarra
     counts = np.bincount(inverse, minlength=len(unique))
     return unique, sums / counts
 
+
 CandidateFit = Callable[[np.ndarray, np.ndarray], StepModel]
 
 

@@ -29,6 +29,7 @@ from roseinfer.calibration.cost_model import CostModel, make_cost_model
 from roseinfer.calibration.profile import load_calibration
 from roseinfer.calibration.specs import (
     DEVICES,
+    LINKS,
     MODELS,
     DeviceSpec,
     ModelSpec,
@@ -45,6 +46,7 @@ from roseinfer.cli import (
     config_facts,
     fit_workload,
     float_in,
+    int_in,
     kv_blocks_from_bytes,
     report,
     run_main,
@@ -99,6 +101,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--fit-lengths become the defaults",
     )
     g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int_in(1, 1024),
+        default=1,
+        help="GPUs a replica's layers are sharded over, as vLLM (default 1): weights and KV "
+        "split, two all-reduces per layer over --interconnect",
+    )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=int_in(1, 1024),
+        default=1,
+        help="pipeline stages a replica's layers are split into, as vLLM (default 1): "
+        "weights and KV split, one activation handoff per stage",
+    )
+    g.add_argument(
+        "--interconnect",
+        choices=sorted(LINKS),
+        help="link between a replica's GPUs (default: the device's: NVLink on "
+        "A100/H100/H200); bandwidths and sources in calibration/specs.py",
+    )
+    g.add_argument(
         "--gpu-memory-utilization",
         type=float_in(0, 1, lo_open=True),
         default=GPU_MEMORY_UTILIZATION,
@@ -135,24 +159,43 @@ def load_model_spec(name: str) -> ModelSpec:
     return get_model_spec(name)
 
 
-def default_num_kv_blocks(args: argparse.Namespace, model: ModelSpec, device: DeviceSpec) -> int:
-    """KV blocks from ``--kv-cache-memory-gb`` or from device memory left after weights.
+def default_num_kv_blocks(
+    args: argparse.Namespace,
+    model: ModelSpec,
+    device: DeviceSpec,
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+) -> int:
+    """KV blocks from ``--kv-cache-memory-gb`` (per GPU) or from each GPU's memory
+    left after its share of the weights.
+
+    With ``tensor_parallel`` x ``pipeline_parallel`` GPUs, each holds ``1 / (tp x
+    pp)`` of the weights and, per token, ``1 / (min(tp, kv heads) x pp)`` of the KV
+    (KV heads are replicated past their count, as vLLM does), so the pool holds
+    as many tokens as one GPU's free memory over its share of a token's KV.
 
     Raises:
-        CliError: if the weights alone do not fit the device, or the memory holds no block.
+        CliError: if the weights alone do not fit, or the memory holds no block.
     """
     block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size
+    num_gpus = tensor_parallel * pipeline_parallel
+    kv_per_token = model.kv_bytes_per_token / (
+        min(tensor_parallel, model.num_kv_heads) * pipeline_parallel
+    )
     if args.kv_cache_memory_gb is not None:
         num_bytes = args.kv_cache_memory_gb * 2**30
-        return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size)
-    num_bytes = device.mem_bytes * args.gpu_memory_utilization - model.weight_bytes
+        return kv_blocks_from_bytes(num_bytes, kv_per_token, block_size)
+    weights = model.weight_bytes / num_gpus
+    num_bytes = device.mem_bytes * args.gpu_memory_utilization - weights
     if num_bytes <= 0:
+        gpus = f" x{num_gpus}" if num_gpus > 1 else ""
         raise CliError(
-            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB) do not fit "
-            f"{device.name}; pick a larger --device or set --kv-cache-memory-gb"
+            f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB, "
+            f"{weights / 2**30:.1f} GiB per GPU) do not fit {device.name}{gpus}; raise "
+            "--tensor-parallel-size, pick a larger --device or set --kv-cache-memory-gb"
         )
     source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
-    return kv_blocks_from_bytes(num_bytes, model.kv_bytes_per_token, block_size, source)
+    return kv_blocks_from_bytes(num_bytes, kv_per_token, block_size, source)
 
 
 @dataclass(frozen=True)
@@ -173,9 +216,15 @@ def _roofline_setup(args: argparse.Namespace) -> _Setup:
     device = get_device_spec(args.device or DEFAULT_DEVICE)
     if args.block_size is None:
         args.block_size = DEFAULT_BLOCK_SIZE
-    num_blocks = default_num_kv_blocks(args, model, device)
-    cost_model = make_cost_model(model, device)
-    return _Setup(cost_model, model, device.name, num_blocks, model.max_model_len, {})
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    try:
+        cost_model = make_cost_model(model, device, None, tp, pp, args.interconnect)
+    except ValueError as err:
+        raise CliError(f"--tensor-parallel-size/--pipeline-parallel-size: {err}") from None
+    num_blocks = default_num_kv_blocks(args, model, device, tp, pp)
+    name = device.name if tp * pp == 1 else f"{device.name} x{tp * pp} (TP{tp} PP{pp})"
+    extra = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "num_gpus": tp * pp}
+    return _Setup(cost_model, model, name, num_blocks, model.max_model_len, extra)
 
 
 def _profile_setup(args: argparse.Namespace) -> _Setup:
@@ -188,6 +237,12 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     """
     if args.device is not None:
         raise CliError("--cost-model prices the profiled device; drop --device")
+    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1 or args.interconnect:
+        raise CliError(
+            "--cost-model prices what was measured on one device; drop "
+            "--tensor-parallel-size/--pipeline-parallel-size/--interconnect (or price a "
+            "parallel replica with the roofline: --model and --device)"
+        )
     try:
         profile = load_calibration(args.cost_model)
     except ProfileError as err:

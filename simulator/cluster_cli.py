@@ -7,7 +7,8 @@ Example::
     rose-sim --replica-config replicas.toml --router least-loaded
 
 A replica config lists the replicas (TOML or JSON), each with optional
-``model``, ``device``, ``num_kv_blocks``, ``name`` and ``count`` (default 1);
+``model``, ``device``, ``num_kv_blocks``, ``name``, ``count`` (default 1),
+``tensor_parallel_size``, ``pipeline_parallel_size`` and ``interconnect``;
 missing fields take the command line's values. Each entry is priced by the
 roofline of its model and device (a ``--cost-model`` profile prices only
 ``--num-replicas`` copies of the profiled setup)::
@@ -47,7 +48,10 @@ from roseinfer.request import Request
 from roseinfer.routing import Router
 from roseinfer.simulator.cluster import ClusterResult, ReplicaSpec, simulate_cluster
 
-REPLICA_KEYS = {"model", "device", "num_kv_blocks", "count", "name"}
+REPLICA_KEYS = {
+    "model", "device", "num_kv_blocks", "count", "name",
+    "tensor_parallel_size", "pipeline_parallel_size", "interconnect",
+}  # fmt: skip
 PER_REPLICA_KEYS = (
     "num_routed",
     "completed",
@@ -164,16 +168,22 @@ def replica_specs(
     for entry in read_replica_config(args.replica_config):
         model = load_model_spec(entry.get("model", args.model or DEFAULT_MODEL))
         device = get_device_spec(entry.get("device", args.device or DEFAULT_DEVICE))
+        tp = int(entry.get("tensor_parallel_size", args.tensor_parallel_size))
+        pp = int(entry.get("pipeline_parallel_size", args.pipeline_parallel_size))
+        try:
+            cost = make_cost_model(model, device, None, tp, pp,
+                                   entry.get("interconnect", args.interconnect))  # fmt: skip
+        except ValueError as err:
+            raise CliError(f"--replica-config {args.replica_config}: {err}") from None
         blocks = entry.get("num_kv_blocks") or args.num_kv_blocks
         config = replace(
             base,
-            num_kv_blocks=int(blocks or default_num_kv_blocks(args, model, device)),
+            num_kv_blocks=int(blocks or default_num_kv_blocks(args, model, device, tp, pp)),
             max_model_len=args.max_model_len or model.max_model_len,
         )
-        name = entry.get("name", f"{model.name}@{device.name}")
-        specs += [ReplicaSpec(name, config, make_cost_model(model, device))] * int(
-            entry.get("count", 1)
-        )
+        gpus = f" x{tp * pp}" if tp * pp > 1 else ""
+        name = entry.get("name", f"{model.name}@{device.name}{gpus}")
+        specs += [ReplicaSpec(name, config, cost)] * int(entry.get("count", 1))
     if args.num_replicas is not None and args.num_replicas != len(specs):
         raise CliError(
             f"--num-replicas {args.num_replicas} but --replica-config lists {len(specs)}; drop one"

@@ -26,6 +26,7 @@ from roseinfer.calibration.cost_model import (
 from roseinfer.calibration.specs import (
     DEVICES,
     MODELS,
+    LinkSpec,
     ModelSpec,
     UnknownSpecError,
     get_device_spec,
@@ -249,6 +250,44 @@ def test_tensor_parallel_splits_the_work() -> None:
     assert time_s(decode, tp4) < time_s(decode, tp1) / 3
     with pytest.raises(ValueError, match="tensor_parallel"):
         make_cost_model("llama-3.1-70b", "h100", tensor_parallel=3)
+
+
+def test_tensor_parallel_pays_two_all_reduces_per_layer() -> None:
+    """Megatron-LM's TP: two all-reduces of tokens x hidden per layer, each a ring
+    all-reduce of latency + 2 (tp - 1) / tp x bytes / bandwidth over the link."""
+    from roseinfer.calibration.specs import LINKS
+
+    model = get_model_spec("llama-3.1-70b")
+    link = LINKS["nvlink4"]
+    tp8 = make_cost_model(model, "h200", tensor_parallel=8)
+    assert isinstance(tp8, RooflineCostModel) and tp8.link == link
+    free = RooflineCostModel(tp8.model, tp8.device, 8, 1, LinkSpec(name="free", bandwidth=1e30,
+                                                                   latency_s=0.0))  # fmt: skip
+    for tokens in (1, 4096):
+        shape = prefill([tokens])
+        comm = (
+            2
+            * model.num_layers
+            * (link.latency_s + 2 * 7 / 8 * tokens * model.hidden_size * 2 / link.bandwidth)
+        )
+        assert time_s(shape, tp8) - time_s(shape, free) == pytest.approx(comm, rel=1e-9)
+    one = make_cost_model(model, "h200")
+    assert isinstance(one, RooflineCostModel) and one.link is None  # no collectives on one GPU
+
+
+def test_pipeline_parallel_adds_handoffs_not_speed() -> None:
+    decode = BatchShape.decode([1000] * 8)
+    pp1 = make_cost_model("llama-3.1-70b", "h200", tensor_parallel=2)
+    pp4 = make_cost_model("llama-3.1-70b", "h200", tensor_parallel=2, pipeline_parallel=4)
+    assert time_s(decode, pp4) > time_s(decode, pp1)  # one batch at a time: the bubble
+    assert time_s(decode, pp4) - time_s(decode, pp1) < 1e-3  # three small handoffs
+    with pytest.raises(ValueError, match="pipeline_parallel"):
+        make_cost_model("gpt2", "h100", pipeline_parallel=13)
+    with pytest.raises(ValueError, match="no link"):
+        make_cost_model("gpt2", "cpu", tensor_parallel=2)
+    context = np.array([300, 90])
+    assert np.array_equal(pp4.decode_run_times_s(context, 40),
+                          loop_decode_run_times_s(pp4, context, 40))  # fmt: skip
 
 
 def test_make_cost_model_dtype() -> None:

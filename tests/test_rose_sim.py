@@ -194,3 +194,55 @@ def test_full_azure_conv_trace_completes_under_pack(monkeypatch, capsys, tmp_pat
     data = json.loads(result.read_text())
     assert data["num_requests"] == 19366
     assert data["completed"] == 19366
+
+
+def test_a_replica_spans_gpus_with_tensor_parallelism(monkeypatch, capsys, tmp_path) -> None:
+    """The README's 70B example: it does not fit one H200; TP2 and TP4 run, each GPU
+    holding its share of the weights and KV, and TPOT falls with TP size."""
+    common = ["--model", "llama-3.1-70b", "--device", "h200", "--num-requests", "200",
+              "--request-rate", "2", "--policy", "budget", "--prefill-max-tokens", "2048",
+              "--quiet"]  # fmt: skip
+    code, _, err = rose_sim(monkeypatch, capsys, *common)
+    assert code == 2 and "do not fit h200" in err and "--tensor-parallel-size" in err
+    results = {}
+    for tp in (2, 4):
+        out = tmp_path / f"tp{tp}.json"
+        code, _, err = rose_sim(monkeypatch, capsys, *common, "--tensor-parallel-size", str(tp),
+                                "--save-result", str(out))  # fmt: skip
+        assert code == 0, err
+        results[tp] = json.loads(out.read_text())
+    a, b = results[2], results[4]
+    assert a["completed"] == b["completed"] == 200
+    assert (a["num_gpus"], b["num_gpus"]) == (2, 4) and b["tensor_parallel_size"] == 4
+    assert b["num_kv_blocks"] > 2 * a["num_kv_blocks"]  # 4 GPUs, 1/4 of the weights each
+    assert b["median_tpot_ms"] < a["median_tpot_ms"]
+    assert "TP4 over nvlink4" in b["cost_model"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "llama-3.1-70b", "--tensor-parallel-size", "3"], "divide num_attention_heads"),
+        (["--model", "gpt2", "--device", "cpu", "--tensor-parallel-size", "2"], "no link"),
+        (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size"),
+        (["--interconnect", "smoke-signals"], "--interconnect"),
+    ],
+)
+def test_bad_parallelism_is_one_error_line(monkeypatch, capsys, args, message) -> None:
+    code, _, err = rose_sim(monkeypatch, capsys, *args, "--num-requests", "5")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_replica_config_takes_tensor_parallel_per_replica(monkeypatch, capsys, tmp_path) -> None:
+    config = tmp_path / "replicas.toml"
+    config.write_text(
+        '[[replica]]\nmodel = "llama-3.1-70b"\ndevice = "h200"\ntensor_parallel_size = 2\n\n'
+        '[[replica]]\nmodel = "llama-3.1-70b"\ndevice = "h100-sxm"\ntensor_parallel_size = 4\n'
+        'interconnect = "pcie5"\n'
+    )
+    out = tmp_path / "r.json"
+    code, stdout, err = rose_sim(monkeypatch, capsys, "--replica-config", str(config),
+                                 "--num-requests", "40", "--save-result", str(out))  # fmt: skip
+    assert code == 0, err
+    names = [r["name"] for r in json.loads(out.read_text())["replica_summaries"]]
+    assert names == ["llama-3.1-70b@h200 x2", "llama-3.1-70b@h100-sxm x4"]
