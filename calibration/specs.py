@@ -236,10 +236,13 @@ class DeviceSpec:
 #   gpt2:          huggingface.co/openai-community/gpt2/blob/main/config.json
 #   llama-3.1-8b:  huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json
 #   llama-3.1-70b: huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json
+#   opt-13b:       huggingface.co/facebook/opt-13b/blob/main/config.json (the model
+#                  of DistServe's chatbot case; ReLU MLP of ffn_dim, tied embeddings,
+#                  learned positions)
 #   qwen2.5-7b:    huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json
 #                  (max_position_embeddings 32768: the native window; the model
 #                  card reaches 131072 only with YaRN rope scaling)
-# head_dim = hidden_size / num_attention_heads for all four.
+# head_dim = hidden_size / num_attention_heads for all five.
 
 _GPT2 = ModelSpec(
     name="gpt2",
@@ -281,6 +284,20 @@ _LLAMA_31_70B = ModelSpec(
     gated_mlp=True,
     tied_embeddings=False,
 )
+_OPT_13B = ModelSpec(
+    name="opt-13b",
+    num_layers=40,
+    hidden_size=5120,
+    num_attention_heads=40,
+    num_kv_heads=40,
+    head_dim=128,
+    intermediate_size=20480,
+    vocab_size=50272,
+    max_model_len=2048,
+    gated_mlp=False,
+    tied_embeddings=True,
+    learned_position_embeddings=True,
+)
 _QWEN25_7B = ModelSpec(
     name="qwen2.5-7b",
     num_layers=28,
@@ -304,6 +321,8 @@ MODELS: dict[str, ModelSpec] = {
     "llama-3.1-70b": _LLAMA_31_70B,
     "meta-llama/llama-3.1-70b": _LLAMA_31_70B,
     "meta-llama/llama-3.1-70b-instruct": _LLAMA_31_70B,
+    "opt-13b": _OPT_13B,
+    "facebook/opt-13b": _OPT_13B,
     "qwen2.5-7b": _QWEN25_7B,
     "qwen/qwen2.5-7b": _QWEN25_7B,
     "qwen/qwen2.5-7b-instruct": _QWEN25_7B,

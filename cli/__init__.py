@@ -28,6 +28,14 @@ from roseinfer.config import (
     SchedulerConfig,
 )
 from roseinfer.interface import PolicyError, PolicyOptions
+from roseinfer.kv_tiers import (
+    HOST_TIER_NAME,
+    MAX_CAPACITY_GIB,
+    PCIE5_X16_BYTES_PER_S,
+    KVTierConfig,
+    KVTierError,
+    tier_from_gib,
+)
 from roseinfer.metrics import (
     RECORD_SUFFIXES,
     LogHistogram,
@@ -134,16 +142,28 @@ def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None =
     _add_policy_args(parser.add_argument_group("policy"))
     _add_plugin_option_args(
         parser.add_argument_group("policy options (declared by the plugins; see --list-policies)"),
-        registry if registry is not None else load_registry(),
+        registry if registry is not None else _parser_registry(),
     )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
     _add_output_args(parser.add_argument_group("output"))
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Add only the policy and scheduler flags (a server: no workload, no summary)."""
+def add_engine_args(parser: argparse.ArgumentParser, registry: Registry | None = None) -> None:
+    """Add only the policy flags, one flag per typed option a registered plugin
+    declares, and the scheduler flags (a server: no workload, no summary)."""
     _add_policy_args(parser.add_argument_group("policy"))
+    _add_plugin_option_args(
+        parser.add_argument_group("policy options (declared by the plugins; see --list-policies)"),
+        registry if registry is not None else _parser_registry(),
+    )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
+
+
+def _parser_registry() -> Registry:
+    """The plugins whose options become flags, loaded quietly: :func:`run_main`
+    loads them again and reports a broken plugin once, as ``prog: warning:``
+    (a warning here too printed every one twice)."""
+    return load_registry(warn=lambda message: None)
 
 
 def _add_workload_args(g: argparse._ArgumentGroup) -> None:
@@ -321,6 +341,136 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
     )
     g.add_argument(
         "--max-model-len", type=POSITIVE, help="longest request in tokens (default: model's)"
+    )
+    _add_kv_tier_args(g)
+
+
+def _add_kv_tier_args(g: argparse._ArgumentGroup) -> None:
+    host_gbps = PCIE5_X16_BYTES_PER_S / 1e9
+    g.add_argument(
+        "--kv-offloading-size",
+        type=float_in(0, MAX_CAPACITY_GIB, lo_open=True),
+        metavar="GIB",
+        help=f"a host-DRAM KV tier of this many GiB below the device, as vLLM's flag: evicted "
+        f"cached blocks move there and prefix hits load them back ({host_gbps:g} GB/s each way, "
+        "a PCIe 5.0 x16 link; default: no tier)",
+    )
+    g.add_argument(
+        "--kv-tier",
+        action="append",
+        default=[],
+        type=_kv_tier_arg,
+        metavar="NAME:CAPACITY_GIB:READ_GBPS:WRITE_GBPS",
+        help="a KV tier below the device (and below the --kv-offloading-size tier), e.g. "
+        "nvme:2000:7:5; repeat for more tiers, in order from fast to slow",
+    )
+    g.add_argument(
+        "--kv-tier-policy",
+        help="which block a full KV tier evicts (and stores): lru (default), arc or reuse "
+        "(see --list-policies)",
+    )
+    g.add_argument(
+        "--kv-offloading-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="KV loads from a tier overlap the step's compute (step = max(compute, "
+        "transfer), as vLLM's async loads); default off: the transfer stalls the step",
+    )
+
+
+def _kv_tier_arg(text: str) -> tuple[str, float, float, float]:
+    """argparse ``type`` of ``--kv-tier``: ``NAME:CAPACITY_GIB:READ_GBPS:WRITE_GBPS``."""
+    parts = text.split(":")
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME:CAPACITY_GIB:READ_GBPS:WRITE_GBPS, got {_clip(text)!r}"
+        )
+    name = parts[0]
+    numbers: list[float] = []
+    for what, piece in zip(("capacity (GiB)", "read GB/s", "write GB/s"), parts[1:]):
+        try:
+            value = float(piece)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(
+                f"tier {_clip(name)!r}: {what} must be a finite number > 0, got {_clip(piece)!r}"
+            )
+        numbers.append(value)
+    try:  # the name and range rules of KVTierSpec and tier_from_gib
+        tier_from_gib(name, numbers[0], numbers[1], numbers[2], 1)
+    except KVTierError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return name, numbers[0], numbers[1], numbers[2]
+
+
+def wants_kv_tiers(args: argparse.Namespace) -> bool:
+    """True when the flags configure KV tiers; checks the tier flags that need no model.
+
+    Raises:
+        CliError: on tier knobs without a tier, tiers without prefix caching, or a
+            tier name given twice.
+    """
+    tiers = getattr(args, "kv_tier", None) or []
+    wants = getattr(args, "kv_offloading_size", None) is not None or bool(tiers)
+    if not wants:
+        for flag, value in (
+            ("--kv-tier-policy", getattr(args, "kv_tier_policy", None)),
+            ("--kv-offloading-overlap", getattr(args, "kv_offloading_overlap", None)),
+        ):
+            if value is not None:
+                raise CliError(f"{flag} needs a tier: add --kv-offloading-size GIB or --kv-tier")
+        return False
+    if not args.enable_prefix_caching:
+        raise CliError(
+            "KV tiers (--kv-offloading-size, --kv-tier) move cached blocks by hash: drop "
+            "--no-enable-prefix-caching"
+        )
+    names = ([HOST_TIER_NAME] if args.kv_offloading_size is not None else []) + [
+        t[0] for t in tiers
+    ]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise CliError(
+            f"KV tier name {repeated[0]!r} given twice (--kv-offloading-size is tier "
+            f"{HOST_TIER_NAME!r}); give each --kv-tier its own name"
+        )
+    return True
+
+
+def kv_tier_config(
+    args: argparse.Namespace, registry: Registry, kv_bytes_per_token: int | None, block_size: int
+) -> KVTierConfig | None:
+    """The KV tiers the flags describe (None without tier flags): the
+    ``--kv-offloading-size`` host tier first, then each ``--kv-tier`` in order;
+    capacities in blocks of ``kv_bytes_per_token * block_size`` bytes.
+
+    Raises:
+        CliError: on a bad combination, a capacity below one block, or a front end
+            that cannot size blocks (``kv_bytes_per_token`` None).
+        UnknownPolicyError: for an unknown ``--kv-tier-policy``.
+    """
+    if not wants_kv_tiers(args):
+        return None
+    policy = registry.kv_tier_policy(args.kv_tier_policy or "lru")
+    if kv_bytes_per_token is None:
+        raise CliError("this command cannot size KV tiers (no model KV size); drop the tier flags")
+    block_bytes = kv_bytes_per_token * block_size
+    host = PCIE5_X16_BYTES_PER_S / 1e9
+    raw = (
+        [(HOST_TIER_NAME, args.kv_offloading_size, host, host)]
+        if args.kv_offloading_size is not None
+        else []
+    )
+    specs = []
+    for i, (name, capacity_gib, read_gbps, write_gbps) in enumerate([*raw, *args.kv_tier]):
+        try:
+            specs.append(tier_from_gib(name, capacity_gib, read_gbps, write_gbps, block_bytes))
+        except KVTierError as err:
+            flag = "--kv-offloading-size" if raw and i == 0 else "--kv-tier"
+            raise CliError(f"{flag}: {err}") from None
+    return KVTierConfig(
+        tuple(specs), block_bytes, policy=policy, overlap=bool(args.kv_offloading_overlap)
     )
 
 
@@ -530,9 +680,12 @@ def scheduler_config(
     *,
     num_kv_blocks: int,
     max_model_len: int,
+    kv_bytes_per_token: int | None = None,
 ) -> SchedulerConfig:
     """The scheduler config from the flags; the backend supplies the defaults
-    it derives from memory and the model (``num_kv_blocks``, ``max_model_len``).
+    it derives from memory and the model (``num_kv_blocks``, ``max_model_len``,
+    and ``kv_bytes_per_token``, K and V bytes of one token over all layers, which
+    turns KV tier capacities into blocks).
 
     Raises:
         CliError: on a non-positive or contradictory value.
@@ -548,9 +701,11 @@ def scheduler_config(
             "block manager indexes; set --num-kv-blocks, a smaller --kv-cache-memory-gb or a "
             "larger --block-size"
         )
+    kv_tiers = kv_tier_config(args, registry, kv_bytes_per_token, args.block_size)
     try:
         return SchedulerConfig(
             num_kv_blocks=num_kv_blocks,
+            kv_tiers=kv_tiers,
             block_size=args.block_size,
             prefill_max_seqs=args.prefill_max_seqs,
             prefill_max_tokens=args.prefill_max_tokens,
@@ -580,11 +735,28 @@ def config_facts(config: SchedulerConfig) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "enable_prefix_caching": config.enable_prefix_caching,
         "prefix_caching_hash_algo": config.prefix_caching_hash_algo,
+        **_kv_tier_facts(config),
+    }
+
+
+def _kv_tier_facts(config: SchedulerConfig) -> dict[str, Any]:
+    """The tier settings of a result file (none without tiers)."""
+    tiers = config.kv_tiers
+    if tiers is None:
+        return {}
+    return {
+        "kv_tiers": tiers.describe(),
+        "kv_tier_policy": tiers.policy_name,
+        "kv_offloading_overlap": tiers.overlap,
+        "kv_block_bytes": tiers.block_bytes,
     }
 
 
 def kv_blocks_from_bytes(
-    num_bytes: float, kv_bytes_per_token: int, block_size: int, source: str = "--kv-cache-memory-gb"
+    num_bytes: float,
+    kv_bytes_per_token: float,
+    block_size: int,
+    source: str = "--kv-cache-memory-gb",
 ) -> int:
     """KV blocks that ``num_bytes`` of memory hold.
 
@@ -620,6 +792,8 @@ def check_args(args: argparse.Namespace, registry: Registry) -> None:
     if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
         raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
     policy_options(args, registry)
+    if wants_kv_tiers(args):
+        registry.kv_tier_policy(args.kv_tier_policy or "lru")
     if args.goodput:
         parse_goodput(args.goodput)
     _check_output_paths(args)
@@ -667,7 +841,8 @@ def report(
     groups, tables = _group_results(records, goodput)
     result: dict[str, Any] = {**summary, **extra, **groups}
     if not args.quiet:
-        print(format_summary(summary, title))
+        tiers = {k: v for k, v in extra.items() if k.startswith("kv_")}  # KV tier lines
+        print(format_summary({**summary, **tiers}, title))
         for table in tables:
             print(table)
     if args.save_result is not None:

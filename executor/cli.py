@@ -56,6 +56,7 @@ from roseinfer.executor.facts import model_spec_of, step_log_recorder
 from roseinfer.executor.model_runner import ATTENTION_BACKENDS, ModelRunner
 from roseinfer.executor.models import BUILTIN_MODELS, build_model, make_adapter
 from roseinfer.executor.warmup import warm_up
+from roseinfer.kv_tiers import kv_tier_summary
 from roseinfer.registry import Registry
 from roseinfer.request import Request
 from roseinfer.workloads.fit import with_token_ids
@@ -329,6 +330,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "kv_pool_peak_utilization": result.scheduler.max_used_blocks / sched_config.num_kv_blocks,
         "peak_memory_gb": _peak_memory_gb(device),
         "num_steps": result.scheduler.step_log.num_steps,
+        **kv_tier_summary([result.scheduler.block_manager.kv_tier_counters()]),
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "warmup_s": warmup_s,
@@ -380,8 +382,26 @@ def build_runner(
         registry,
         num_kv_blocks=default_num_kv_blocks(args, kv_bytes, device, max_seqs_blocks),
         max_model_len=max_model_len,
+        kv_bytes_per_token=kv_bytes,
     )
     check_pool_fits(sched_config.num_kv_blocks, kv_bytes * sched_config.block_size, device)
+    tiers = sched_config.kv_tiers
+    if tiers is not None:
+        if len(tiers.tiers) > 1:
+            raise CliError(
+                f"the executor implements one host KV tier, got {len(tiers.tiers)} "
+                "(--kv-offloading-size or one --kv-tier); simulate more with rose-sim"
+            )
+        need = tiers.tiers[0].num_blocks * tiers.block_bytes
+        have = available_memory_bytes(torch.device("cpu"))
+        if device.type == "cpu":  # the device pool took its share already
+            have -= sched_config.num_kv_blocks * kv_bytes * sched_config.block_size
+        if need > have:
+            raise CliError(
+                f"the host KV tier needs {need / 2**30:.3g} GiB but the host has "
+                f"{max(have, 0) / 2**30:.3g} GiB available; lower --kv-offloading-size (or the "
+                "--kv-tier capacity)"
+            )
     runner = ModelRunner(
         model,
         num_kv_blocks=sched_config.num_kv_blocks,
@@ -389,6 +409,7 @@ def build_runner(
         device=device,
         dtype=dtype,
         attention_backend=args.attention_backend,
+        num_tier_blocks=0 if tiers is None else tiers.tiers[0].num_blocks,
     )
     return sched_config, runner
 

@@ -102,8 +102,15 @@ class Engine:
         on_step: called after every applied step with its output, start time
             and result (e.g. a step-log writer; ``roseinfer.executor.steplog``).
 
+    With KV tiers (``config.kv_tiers``: one host tier, of the runner's
+    ``num_tier_blocks``), each step first makes the block copies its output
+    carries (``out.kv_transfers``: offloads and loads, in the order the block
+    manager decided them), so cached blocks that left the device come back
+    bit for bit.
+
     Raises:
-        ValueError: if the runner's KV pool does not match the config, or
+        ValueError: if the runner's KV pool does not match the config, the config
+            has KV tiers other than one host tier of the runner's size, or
             ``config.max_model_len`` exceeds the model's context.
     """
 
@@ -129,10 +136,19 @@ class Engine:
                 f"max_model_len {config.max_model_len} exceeds the {max_context} tokens the "
                 "model can attend over; lower max_model_len"
             )
+        tiers = config.kv_tiers
+        if tiers is not None and (
+            len(tiers.tiers) != 1 or runner.num_tier_blocks != tiers.tiers[0].num_blocks
+        ):
+            raise ValueError(
+                f"the executor holds one host KV tier ({runner.num_tier_blocks} blocks); the "
+                f"config asks for {tiers.describe()}: give one tier of that size"
+            )
         registry = registry if registry is not None else load_registry()
         self.runner = runner
         self.policy = registry.make(config.policy, config.loop_order, config.options)
         self.scheduler = Scheduler(config, self.policy, self.policy.label)
+        self.scheduler.block_manager.record_transfer_ops = tiers is not None
         self.records = RecordBuilder(keep_token_ids=True)
         self.generator = torch.Generator(device=runner.device).manual_seed(seed)
         self._seq_generators: dict[int, torch.Generator] = {}
@@ -189,7 +205,8 @@ class Engine:
 
         Raises:
             ValueError: if it has no prompt token ids (a length-only trace needs
-                ``roseinfer.workloads.fit.with_token_ids``).
+                ``roseinfer.workloads.fit.with_token_ids``), or carries transferred
+                KV (``num_transferred_tokens``; disaggregation is simulated only).
             InvalidRequestError: (a ValueError) naming the bad field: a non-string
                 id, a non-integer or < 1 output length, a token id that is not an
                 integer in the vocabulary, or sampling parameters sampling cannot
@@ -199,6 +216,12 @@ class Engine:
             raise ValueError(
                 f"request {request.request_id!r} has no prompt token ids; the executor "
                 "needs them (roseinfer.workloads.fit.with_token_ids makes them up for a trace)"
+            )
+        if request.num_transferred_tokens:
+            raise ValueError(
+                f"request {request.request_id!r} carries {request.num_transferred_tokens} "
+                "tokens of transferred KV; the executor serves whole requests (prefill/"
+                "decode disaggregation is simulated: rose-sim --num-prefill-replicas)"
             )
         check_request(request, self.runner.vocab_size)
 
@@ -224,6 +247,8 @@ class Engine:
             first; the others go on (:meth:`pop_failed` names it).
         """
         t_prep = self.now_s()
+        if out.kv_transfers is not None:  # offloads and loads, in order, before the forward
+            self.runner.apply_kv_transfers(out.kv_transfers.ops)
         inputs = self._inputs(out)
         t_fwd = self.now_s()
         token_ids = self._forward_and_sample(out, inputs)

@@ -119,6 +119,10 @@ class ModelRunner:
         max_tokens_per_pass: new tokens per pass through the model (see module
             doc); None = :data:`CPU_MAX_TOKENS_PER_PASS` on CPU, unlimited
             elsewhere; 0 = unlimited.
+        num_tier_blocks: blocks of a host KV tier (the scheduler's first KV tier;
+            0 = none): a host-memory pool with the device pool's layout (pinned
+            when the device is CUDA) that :meth:`apply_kv_transfers` copies into
+            and out of.
 
     Raises:
         ValueError: on an unsupported model type, non-positive pool sizes, an
@@ -136,7 +140,10 @@ class ModelRunner:
         dtype: torch.dtype,
         attention_backend: str = "auto",
         max_tokens_per_pass: int | None = None,
+        num_tier_blocks: int = 0,
     ) -> None:
+        if num_tier_blocks < 0:
+            raise ValueError(f"num_tier_blocks must be >= 0, got {num_tier_blocks}")
         if num_kv_blocks <= 0 or block_size <= 0:
             raise ValueError(
                 f"need num_kv_blocks > 0 and block_size > 0, got {num_kv_blocks}, {block_size}"
@@ -152,6 +159,13 @@ class ModelRunner:
         self.adapter: ModelAdapter = make_adapter(self.model)
         self.shape = self.adapter.shape
         self.kv_cache = self._allocate_kv_cache()
+        self.num_tier_blocks = num_tier_blocks
+        self.tier_kv_cache = self._allocate_tier_cache() if num_tier_blocks else None
+        self._copy_stream = (
+            torch.cuda.Stream(self.device)
+            if num_tier_blocks and self.device.type == "cuda"
+            else None
+        )
         if max_tokens_per_pass is None:
             max_tokens_per_pass = CPU_MAX_TOKENS_PER_PASS if self.device.type == "cpu" else 0
         self.max_tokens_per_pass = max_tokens_per_pass
@@ -172,6 +186,52 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         """Bytes of the whole KV pool (all layers, K and V)."""
         return self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def apply_kv_transfers(self, ops: Sequence[tuple[int, int, int, int]]) -> None:
+        """Make the block copies the block manager decided for this step, in order,
+        before the forward: ``(src_level, src_index, dst_level, dst_index)`` with
+        level -1 the device pool and 0 the host tier (slots of
+        :attr:`tier_kv_cache`). Consecutive copies between the same two pools go
+        as one ``index_select`` + ``index_copy_`` over all layers, K and V, cut where
+        a copy reads or writes a block an earlier copy of the batch wrote.
+
+        On CUDA the copies run on a side stream that first waits for the device's
+        queued work; host->device copies are asynchronous from pinned memory, the
+        device->host ones wait for their data; the device stream waits on an
+        event before the forward (vLLM's offloading worker does the same).
+
+        Raises:
+            ValueError: on a level other than -1 or 0, or with no host tier.
+        """
+        if not ops:
+            return
+        if self.tier_kv_cache is None:
+            raise ValueError("KV tier copies asked for but the runner has no host tier")
+        stream = self._copy_stream
+        if stream is None:
+            for src, dst, src_ids, dst_ids in _copy_batches(ops):
+                self._copy_blocks(src, dst, src_ids, dst_ids)
+            return
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for src, dst, src_ids, dst_ids in _copy_batches(ops):
+                self._copy_blocks(src, dst, src_ids, dst_ids)
+        torch.cuda.current_stream(self.device).wait_event(stream.record_event())
+
+    @torch.inference_mode()
+    def _copy_blocks(self, src: int, dst: int, src_ids: list[int], dst_ids: list[int]) -> None:
+        pools = {-1: self.kv_cache, 0: self.tier_kv_cache}
+        if src not in pools or dst not in pools:
+            raise ValueError(f"KV copy between levels {src} and {dst}: only -1 and 0 exist")
+        source, target = pools[src], pools[dst]
+        assert source is not None and target is not None
+        rows = source.index_select(2, torch.tensor(src_ids, device=source.device))
+        if rows.device != target.device:
+            if target.device.type == "cpu":
+                rows = rows.to("cpu")  # waits for the gather on the side stream
+            else:
+                rows = rows.pin_memory().to(target.device, non_blocking=True)
+        target.index_copy_(2, torch.tensor(dst_ids, device=target.device), rows)
 
     def k_cache(self, layer_idx: int) -> torch.Tensor:
         """Layer K cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a view)."""
@@ -276,6 +336,14 @@ class ModelRunner:
         dims = (s.num_layers, 2, self.num_kv_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         return torch.zeros(dims, dtype=self.dtype, device=self.device)
 
+    def _allocate_tier_cache(self) -> torch.Tensor:
+        """The host tier: the device pool's layout with ``num_tier_blocks`` blocks, in
+        host memory (pinned for asynchronous copies when the device is CUDA)."""
+        s = self.shape
+        dims = (s.num_layers, 2, self.num_tier_blocks, self.block_size, s.num_kv_heads, s.head_dim)
+        pin = self.device.type == "cuda"
+        return torch.zeros(dims, dtype=self.dtype, device="cpu", pin_memory=pin)
+
     def _write_kv(
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
     ) -> None:
@@ -376,6 +444,30 @@ def _check_seq(
         raise ValueError(
             f"sequence {seq_idx}: context {context_len} exceeds the model's {max_ctx} tokens"
         )
+
+
+def _copy_batches(
+    ops: Sequence[tuple[int, int, int, int]],
+) -> list[tuple[int, int, list[int], list[int]]]:
+    """Group consecutive copies between the same two levels into batches
+    ``(src_level, dst_level, src_ids, dst_ids)``; a copy that writes a block the
+    batch already wrote, or reads one it wrote, starts a new batch (so batched
+    copies equal the copies made one by one, in order)."""
+    batches: list[tuple[int, int, list[int], list[int]]] = []
+    written: set[tuple[int, int]] = set()
+    for src, src_id, dst, dst_id in ops:
+        if (
+            not batches
+            or batches[-1][:2] != (src, dst)
+            or (dst, dst_id) in written
+            or (src, src_id) in written
+        ):
+            batches.append((src, dst, [], []))
+            written = set()
+        batches[-1][2].append(src_id)
+        batches[-1][3].append(dst_id)
+        written.add((dst, dst_id))
+    return batches
 
 
 def split_passes(

@@ -5,10 +5,16 @@ queue, enqueue) and returns an id at once; a worker thread admits pending
 requests into the scheduler and runs the steps; ``stream(id)`` yields each
 token (and its text piece when a tokenizer is known) as the worker produces it.
 A fault in the worker ends every open stream with that error instead of
-hanging, and frees every KV block; a fault in one request's sampling ends that
-request only. Every request ends exactly once. A stream has one reader at a
-time (:meth:`StreamingEngine.stream`, or :meth:`~StreamingEngine.astream` from
-asyncio); fields are checked at ``add_request`` (``roseinfer.executor.validation``).
+hanging, frees every KV block and calls ``on_fatal``; a fault in one request's
+sampling ends that request only. Every request ends exactly once. A stream has
+one reader at a time (:meth:`StreamingEngine.stream`, or
+:meth:`~StreamingEngine.astream` from asyncio); fields are checked at
+``add_request`` (``roseinfer.executor.validation``). Stop strings are matched by
+the worker as it detokenizes, so a request ends at the step that completed one
+(finished, ``stop_reason`` "stop"), never a token later. With
+``keep_records=False`` nothing per ended request stays in memory: records go to
+``record_sink`` in batches (or are dropped), and an id is in use only while its
+request is live.
 """
 
 from __future__ import annotations
@@ -19,21 +25,31 @@ import itertools
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
+from roseinfer.driver import step_once
 from roseinfer.executor.detokenizer import IncrementalDetokenizer
 from roseinfer.executor.engine import Engine
 from roseinfer.executor.validation import (
     InvalidRequestError,
+    StopTokenIds,
     check_max_tokens,
     check_request_id,
     check_sampling,
+    check_stop,
     check_token_ids,
 )
 from roseinfer.interface import PolicyError
+from roseinfer.records import RecordBuilder
 from roseinfer.request import Request, SamplingParams
+from roseinfer.sequence import SeqStatus
 from roseinfer.sequence import Sequence as Seq
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RECORD_BATCH = 256  # rows handed to record_sink at once (and whenever the engine idles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +125,18 @@ class StreamingEngine:
         max_waiting: most requests waiting for admission (queued or in the
             scheduler's waiting queue); ``add_request`` beyond it raises
             :class:`QueueFullError`. None: no limit.
+        keep_records: keep every ended request's record in ``engine.records``
+            (token ids included). False (a server): records are handed to
+            ``record_sink`` in batches of :data:`RECORD_BATCH` rows, whenever the
+            engine idles, and at the end (once, even if empty), then forgotten;
+            without a sink they are dropped as they end.
+        record_sink: called on the worker thread with each batch of records
+            (a DataFrame, ``roseinfer.metrics.schema`` without token ids), e.g.
+            :meth:`roseinfer.records.RecordFileWriter.write`. An exception in it
+            is a worker fault.
+        on_fatal: called on the worker thread with the worker's exception after a
+            fault, once every stream has ended (e.g. to stop a server); also settable
+            as the attribute ``on_fatal``.
     """
 
     def __init__(
@@ -117,12 +145,23 @@ class StreamingEngine:
         tokenizer: Any = None,
         idle_wait_s: float = 0.05,
         max_waiting: int | None = None,
+        *,
+        keep_records: bool = True,
+        record_sink: Callable[[pd.DataFrame], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1 (or None), got {max_waiting}")
+        if keep_records and record_sink is not None:
+            raise ValueError("record_sink needs keep_records=False (rows go to one place)")
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_waiting = max_waiting
+        self.keep_records = keep_records
+        self.record_sink = record_sink
+        self.on_fatal = on_fatal
+        if not keep_records:  # token times only when a sink writes them
+            engine.records = RecordBuilder(keep_token_times=record_sink is not None)
         self._idle_wait_s = idle_wait_s
         self._num_queued = 0  # added, not yet handed to the scheduler
         self._readers: set[str] = set()
@@ -132,12 +171,15 @@ class StreamingEngine:
         self._commands: queue.SimpleQueue[Request | _Abort] = queue.SimpleQueue()
         self._streams: dict[str, queue.SimpleQueue[StreamOutput | _End]] = {}
         self._detoks: dict[str, IncrementalDetokenizer] = {}
+        self._stops: dict[str, _StopMatcher] = {}  # requests with stop strings (worker side)
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
         self._running = True
         self._error: BaseException | None = None
         self._ids = itertools.count()
-        self._used_ids: set[str] = set()
+        # NOTE: with every record kept, ids stay unique across them (a set beside the
+        # records); without, only live ids are checked: nothing grows per request.
+        self._used_ids: set[str] | None = set() if keep_records else None
         self._worker = threading.Thread(target=self._loop, name="roseinfer-worker", daemon=True)
         self._worker.start()
 
@@ -149,6 +191,7 @@ class StreamingEngine:
         max_tokens: int = 16,
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
+        stop: Sequence[str] = (),
     ) -> str:
         """Enqueue a request and return its id at once (no model work here).
 
@@ -158,6 +201,12 @@ class StreamingEngine:
             prompt: text (needs a tokenizer) or token ids.
             max_tokens: most output tokens.
             sampling: defaults to greedy, stopping at the tokenizer's EOS if known.
+            request_id: an id not in use (None: a fresh ``req-N``). With
+                ``keep_records`` an id stays in use for good; without, while its
+                request is queued, waiting or running, or its stream has not been
+                read to its end (or discarded), and it may be reused after.
+            stop: stop strings (needs a tokenizer): the text is cut before the
+                first one and the request finishes there (``stop_reason`` "stop").
 
         Raises:
             EngineClosedError: after :meth:`close` or a worker fault (the fault is
@@ -165,15 +214,23 @@ class StreamingEngine:
             QueueFullError: if ``max_waiting`` requests wait already.
             InvalidRequestError: (a ValueError) naming the field: an empty prompt,
                 token ids that are not integers in the vocabulary, ``max_tokens``
-                not an integer >= 1, a non-string id, bad sampling parameters.
-            ValueError: on a text prompt without a tokenizer, or an id in use.
+                not an integer >= 1, a non-string id, bad sampling parameters,
+                bad stop strings (``roseinfer.executor.validation.check_stop``).
+            ValueError: on a text prompt or stop strings without a tokenizer, or
+                an id in use.
         """
         max_tokens = check_max_tokens(max_tokens)
         if request_id is not None:
             check_request_id(request_id)
+        stops = check_stop(stop) if stop else ()
+        if stops and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids instead")
         ids = self._encode(prompt)
         sampling = sampling if sampling is not None else self._default_sampling()
         check_sampling(sampling)
+        stop_ids = sampling.stop_token_ids
+        if len(stop_ids) > 1 and not isinstance(stop_ids, StopTokenIds):  # O(1) stop checks
+            sampling = replace(sampling, stop_token_ids=StopTokenIds(sampling.stop_token_ids))
         with self._lock:
             if not self._running:
                 raise EngineClosedError("the streaming engine is closed") from self._error
@@ -183,17 +240,20 @@ class StreamingEngine:
                     "retry later"
                 )
             rid = request_id if request_id is not None else self._new_id()
-            if rid in self._used_ids:  # NOTE: ids stay taken: the scheduler keeps every request
+            if self._in_use(rid):
                 raise ValueError(f"request id {rid!r} is already in use")
             request = Request(
                 rid, self.engine.now(), len(ids), max_tokens, tuple(ids), sampling=sampling
             )
             self.engine.check_request(request)
-            self._used_ids.add(rid)
+            if self._used_ids is not None:
+                self._used_ids.add(rid)
             self._num_queued += 1
             self._streams[rid] = queue.SimpleQueue()
             if self.tokenizer is not None:
                 self._detoks[rid] = IncrementalDetokenizer(self.tokenizer, ids)
+            if stops:
+                self._stops[rid] = _StopMatcher(stops)
             self._commands.put(request)
         self._wakeup.set()
         return rid
@@ -314,6 +374,12 @@ class StreamingEngine:
         """True while the worker runs (not closed, not failed)."""
         return self._is_running() and self._worker.is_alive()
 
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the worker, or None."""
+        with self._lock:
+            return self._error
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the worker. Streams of requests not finished end with
         :class:`EngineClosedError`; those requests are aborted (blocks freed)."""
@@ -331,9 +397,14 @@ class StreamingEngine:
     def _new_id(self) -> str:
         """The next free ``req-N`` id (call with the lock held)."""
         rid = f"req-{next(self._ids)}"
-        while rid in self._used_ids:
+        while self._in_use(rid):
             rid = f"req-{next(self._ids)}"
         return rid
+
+    def _in_use(self, rid: str) -> bool:
+        """Whether ``rid`` is taken (call with the lock held). A stream outlives its
+        request (it ends after it), so the ids with a stream are the live ones."""
+        return rid in self._streams or (self._used_ids is not None and rid in self._used_ids)
 
     def _encode(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -359,16 +430,21 @@ class StreamingEngine:
                 if self.engine.scheduler.has_unfinished():
                     self._step()
                 else:
+                    self._save_records(idle=True)
                     self._wakeup.wait(self._idle_wait_s)
                     self._wakeup.clear()
             self._apply_commands()
+            self._end_all(_End(EngineClosedError, "the streaming engine was closed"))
+            self._last_records()
         except BaseException as err:  # noqa: BLE001 - every stream must learn of it
             with self._lock:
                 self._running = False
                 self._error = err
             self._end_all(_End(EngineClosedError, f"worker failed: {err!r}", err))
-            return
-        self._end_all(_End(EngineClosedError, "the streaming engine was closed"))
+            with contextlib.suppress(Exception):  # the fault is reported; records may go with it
+                self._last_records()
+            if self.on_fatal is not None:
+                self.on_fatal(err)
 
     def _is_running(self) -> bool:
         with self._lock:
@@ -388,6 +464,7 @@ class StreamingEngine:
                     with self._lock:
                         self._streams.pop(command.request_id, None)
                         self._detoks.pop(command.request_id, None)
+                        self._stops.pop(command.request_id, None)
                 continue
             seq = engine.scheduler.add_request(command, command.arrival_time_s)
             with self._lock:
@@ -397,27 +474,75 @@ class StreamingEngine:
                 self._send(seq.request_id, _End(RequestRejectedError, seq.reject_reason))
 
     def _step(self) -> None:
-        out, _ = self.engine.step()
-        failed = self.engine.pop_failed()
+        """One step (``Engine.step``, with stop strings applied before the ended
+        requests are recorded), then the outputs are sent."""
+        engine = self.engine
+        out, _ = step_once(engine.scheduler, engine, engine.now_s(), on_step=engine.on_step)
+        failed = engine.pop_failed()
+        if out.is_empty and not failed:  # nothing runs, the policy admits nothing: never will
+            engine.flush_records()
+            raise PolicyError(engine.scheduler.stall_message())
+        outputs = self._outputs([item.seq for item in out.sampling])
+        engine.flush_records()
+        self._save_records(idle=False)
+        engine.scheduler.release_steps()
         for rid, err in failed.items():
             self._send(rid, _End(RequestFailedError, f"sampling failed: {err!r}", err))
-        if out.is_empty and not failed:  # nothing runs, the policy admits nothing: never will
-            raise PolicyError(self.engine.scheduler.stall_message())
-        self._emit([item.seq for item in out.sampling])
+        for rid, item in outputs:
+            self._send(rid, item)
 
-    def _emit(self, seqs: Sequence[Seq]) -> None:
+    def _outputs(self, seqs: Sequence[Seq]) -> list[tuple[str, StreamOutput | _End]]:
+        """What each request that sampled gets: its token and text piece, and the
+        end of its stream if it ended (a stop string ends it here)."""
         end_s = float(self.engine.scheduler.step_log.end_s[-1])
+        outputs: list[tuple[str, StreamOutput | _End]] = []
         for seq in seqs:
-            token = seq.output_token_ids[-1]
-            detok = self._detoks.get(seq.request_id)
+            rid, token = seq.request_id, seq.output_token_ids[-1]
+            detok = self._detoks.get(rid)
             text = detok.add(token) if detok is not None else ""
-            done = seq.is_done
-            if done and detok is not None:
+            if seq.is_done and detok is not None:
                 text += detok.flush()
-            out = StreamOutput(token, text, end_s, done, seq.stop_reason if done else "")
-            self._send(seq.request_id, out)
+            matcher = self._stops.get(rid)
+            if matcher is not None:
+                text, hit = matcher.feed(text, last=seq.is_done)
+                if hit:
+                    self._finish_on_stop(seq, end_s)
+            done = seq.is_done
+            outputs.append((rid, StreamOutput(token, text, end_s, done, seq.stop_reason)))
             if done:
-                self._send(seq.request_id, _End())
+                outputs.append((rid, _End()))
+        return outputs
+
+    def _finish_on_stop(self, seq: Seq, end_s: float) -> None:
+        """End ``seq`` as finished by a stop string, at the step that produced it."""
+        if not seq.is_done:
+            self.engine.scheduler.abort(seq.request_id, end_s)  # frees its blocks
+            # NOTE(stop strings): the scheduler ends a request by length, by a stop
+            # token or by abort; a stop string ends it as a stop token would, so the
+            # abort's labels are replaced before its record is built (flush_records).
+            seq.status = SeqStatus.FINISHED
+            seq.reject_reason = ""
+        seq.stop_reason = "stop"
+
+    def _save_records(self, idle: bool) -> None:
+        """Keep nothing per ended request unless asked: hand full batches (or,
+        when idle, any rows) to the sink; drop them without one."""
+        if self.keep_records:
+            return
+        records = self.engine.records
+        num_rows = len(records)
+        if not num_rows:
+            return
+        if self.record_sink is None:
+            records.clear()
+        elif idle or num_rows >= RECORD_BATCH:
+            self.record_sink(records.drain())
+
+    def _last_records(self) -> None:
+        """At the end: the remaining records to the sink (the first batch creates
+        the file, so a server with no request still writes its header)."""
+        if not self.keep_records and self.record_sink is not None:
+            self.record_sink(self.engine.records.drain())
 
     def _send(self, rid: str, item: StreamOutput | _End) -> None:
         with self._lock:
@@ -425,6 +550,7 @@ class StreamingEngine:
             waker = self._wakers.get(rid)
             if isinstance(item, _End):
                 self._detoks.pop(rid, None)
+                self._stops.pop(rid, None)
         if q is not None:
             q.put(item)
         if waker is not None:
@@ -442,10 +568,33 @@ class StreamingEngine:
                 streams = list(self._streams.values())
                 wakers = list(self._wakers.values())
                 self._detoks.clear()
+                self._stops.clear()
             for q in streams:
                 q.put(end)
             for waker in wakers:
                 _wake(waker)
+
+
+class _StopMatcher:
+    """Cuts a request's text before its first stop string, holding back the text
+    that may begin one (at most the longest stop string less one character)."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.hold = max(len(s) for s in stops) - 1
+        self.held = ""
+
+    def feed(self, piece: str, last: bool) -> tuple[str, bool]:
+        """The text to send after ``piece``, and whether a stop string was found
+        (the text then ends before it). ``last``: no text follows; send all."""
+        self.held += piece
+        hits = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            text, self.held = self.held[: min(hits)], ""
+            return text, True
+        cut = len(self.held) if last else max(0, len(self.held) - self.hold)
+        text, self.held = self.held[:cut], self.held[cut:]
+        return text, False
 
 
 def _wake(waker: Callable[[], None]) -> None:

@@ -18,7 +18,9 @@ Example (a notebook cell)::
     roseinfer.metrics.plot_p99_vs_rate(df, metric="ttft", by="variant")
 
 A variant may also name a ``router`` (and ``router_args``) for its cluster
-points; ``num_replicas=[1, 4, 8]`` adds the replica count as a grid axis.
+points; ``num_replicas=[1, 4, 8]`` adds the replica count as a grid axis, and
+an entry ``"P:D"`` there is a disaggregated cluster of P prefill and D decode
+replicas (``num_replicas=[2, "1:1"]`` compares two GPUs colocated and split).
 Every point is independent: ``backend="ray"`` runs each as a Ray task
 (``ray.init()`` on this machine, or ``ray_address`` for a running cluster),
 ``"serial"`` in this process, ``"auto"`` (default) Ray when it is installed
@@ -28,6 +30,7 @@ Every point is independent: ``backend="ray"`` runs each as a Ray task
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +41,7 @@ from tqdm.auto import tqdm
 
 from roseinfer import workloads
 from roseinfer.calibration.cost_model import CostModel
+from roseinfer.calibration.specs import LinkSpec
 from roseinfer.config import SchedulerConfig
 from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
@@ -87,6 +91,8 @@ class GridPoint:
         request_rate: req/s for re-drawn arrivals, or None for the trace's times.
         num_replicas: replicas behind the variant's router (1: a single engine).
         seed: arrival seed.
+        pd_ratio: ``(prefill, decode)`` replica counts of a disaggregated
+            cluster (their sum is ``num_replicas``), or None for colocated replicas.
     """
 
     index: int
@@ -95,6 +101,38 @@ class GridPoint:
     request_rate: float | None
     num_replicas: int
     seed: int
+    pd_ratio: tuple[int, int] | None = None
+
+    @property
+    def layout(self) -> str:
+        """``"4"`` for 4 colocated replicas, ``"1P+3D"`` for a disaggregated cluster."""
+        if self.pd_ratio is None:
+            return str(self.num_replicas)
+        return f"{self.pd_ratio[0]}P+{self.pd_ratio[1]}D"
+
+
+def parse_replicas(entry: int | str) -> tuple[int, tuple[int, int] | None]:
+    """A replica-axis entry: ``N`` (colocated) or ``"P:D"`` (P prefill + D decode).
+
+    Returns:
+        ``(num_replicas, pd_ratio or None)``.
+
+    Raises:
+        ValueError: on anything else, or a count < 1.
+    """
+    text = str(entry).strip()
+    prefill, sep, decode = text.partition(":")
+    counts: tuple[int, ...] = ()
+    with contextlib.suppress(ValueError):
+        counts = (int(prefill), int(decode)) if sep else (int(text),)
+    if not counts or min(counts) < 1:
+        raise ValueError(
+            "num_replicas must be >= 1: an entry is N (colocated replicas) or 'P:D' "
+            f"(prefill:decode replicas); got {entry!r}"
+        )
+    if len(counts) == 1:
+        return counts[0], None
+    return counts[0] + counts[1], (counts[0], counts[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,31 +144,34 @@ class GridInputs:
     cost_model: CostModel
     burstiness: float = 1.0
     goodput: Mapping[str, float] | None = None
+    kv_bytes_per_token: float = 0.0  # disaggregated points: prices the KV handoffs
+    kv_transfer_link: LinkSpec | None = None
+    num_gpus_per_replica: int = 1
+    replicas: tuple[ReplicaSpec, ...] = ()  # explicit replicas (a replica config), or ()
 
 
 def grid_points(
     variants: Mapping[str, Mapping[str, Any]],
     request_rates: Iterable[float] | None = None,
-    num_replicas: Iterable[int] = (1,),
+    num_replicas: Iterable[int | str] = (1,),
     seeds: Iterable[int] = (0,),
 ) -> list[GridPoint]:
     """Every (seed, replicas, rate, variant) combination, in that nesting order.
+    A replica entry is ``N`` or ``"P:D"`` (see :func:`parse_replicas`).
 
     Raises:
-        ValueError: on an empty axis or a replica count < 1.
+        ValueError: on an empty axis or a bad replica entry.
     """
     rates: list[float | None] = list(request_rates) if request_rates is not None else [None]
-    replicas, seed_list = list(num_replicas), list(seeds)
+    replicas, seed_list = [parse_replicas(n) for n in num_replicas], list(seeds)
     if not variants or not rates or not replicas or not seed_list:
         raise ValueError("a sweep needs at least one variant, rate, replica count and seed")
-    if min(replicas) < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {replicas}")
     points: list[GridPoint] = []
     for seed in seed_list:
-        for n in replicas:
+        for n, ratio in replicas:
             for rate in rates:
                 for label, overrides in variants.items():
-                    points.append(GridPoint(len(points), label, overrides, rate, n, seed))
+                    points.append(GridPoint(len(points), label, overrides, rate, n, seed, ratio))
     return points
 
 
@@ -138,43 +179,103 @@ def run_point(point: GridPoint, inputs: GridInputs, registry: Registry | None = 
     """Simulate one grid point and summarize it (one DataFrame row).
 
     Returns:
-        ``variant``, ``policy``, ``router``, ``num_replicas``, ``request_rate``,
+        ``variant``, ``policy``, ``router``, ``num_replicas``, ``replicas``
+        (the layout, ``"4"`` or ``"1P+3D"``), ``num_gpus``, ``request_rate``,
         ``seed``, every summary key, ``sim_wall_s``.
 
     Raises:
-        ValueError: on unknown override keys; PolicyError from the run.
+        ValueError: on unknown override keys, or a disaggregated point without
+            the inputs' KV size and link; PolicyError from the run.
     """
-    registry = registry if registry is not None else load_registry()
     reqs = list(inputs.requests)
     if point.request_rate is not None:
         reqs = workloads.rescale_arrivals(
             reqs, request_rate=point.request_rate, burstiness=inputs.burstiness, seed=point.seed
         )
-    config = apply_overrides(inputs.base, point.overrides)
-    router_name = str(point.overrides.get("router", "round-robin"))
-    if point.num_replicas == 1 and "router" not in point.overrides:
-        result: Any = simulate(reqs, config, inputs.cost_model, registry=registry)
-        router_name = ""
-    else:
-        router = registry.router(router_name)(
-            seed=point.seed, options=dict(point.overrides.get("router_args", {}))
-        )
-        specs = [ReplicaSpec("replica", config, inputs.cost_model)] * point.num_replicas
-        staleness = float(point.overrides.get("router_staleness_s", 0.0))
-        result = simulate_cluster(
-            reqs, specs, router, registry=registry, router_staleness_s=staleness
-        )
-    summary = summarize(result.records, duration_s=result.duration_s, goodput=inputs.goodput)
+    result = simulate_point(point, inputs, reqs, registry)
+    router_name = result.router if hasattr(result, "router") else ""
+    summary = summarize(
+        result.records, duration_s=result.duration_s, goodput=inputs.goodput, itl=result.itl
+    )
     return {
         "variant": point.variant,
         "policy": result.policy,
         "router": router_name,
         "num_replicas": point.num_replicas,
+        "replicas": point_layout(point, inputs),
+        "num_gpus": sum(s.num_gpus for s in point_replicas(point, inputs)),
         "request_rate": point.request_rate,
         "seed": point.seed,
         **summary,
         "sim_wall_s": result.wall_s,
     }
+
+
+def simulate_point(
+    point: GridPoint,
+    inputs: GridInputs,
+    requests: Sequence[Request],
+    registry: Registry | None = None,
+) -> Any:
+    """Simulate ``requests`` (their own arrival times) on the point's setup: one
+    engine, or its replicas behind its router.
+
+    Returns:
+        The ``SimulationResult`` or ``ClusterResult`` (``records`` without token
+        times, ``itl`` as a histogram, ``duration_s``, ``policy``, ``wall_s``; a
+        cluster's also ``router``).
+
+    Raises:
+        ValueError: on unknown override keys; PolicyError from the run.
+    """
+    registry = registry if registry is not None else load_registry()
+    if point.num_replicas == 1 and "router" not in point.overrides and not inputs.replicas:
+        config = apply_overrides(inputs.base, point.overrides)
+        return simulate(
+            requests, config, inputs.cost_model, registry=registry, keep_token_times=False
+        )
+    router_name = str(point.overrides.get("router", "round-robin"))
+    router = registry.router(router_name)(
+        seed=point.seed, options=dict(point.overrides.get("router_args", {}))
+    )
+    staleness = float(point.overrides.get("router_staleness_s", 0.0))
+    return simulate_cluster(
+        requests, point_replicas(point, inputs), router, registry=registry,
+        router_staleness_s=staleness, kv_transfer_link=inputs.kv_transfer_link,
+        keep_token_times=False,
+    )  # fmt: skip
+
+
+def point_replicas(point: GridPoint, inputs: GridInputs) -> list[ReplicaSpec]:
+    """The point's replicas, each with the point's scheduler overrides: the inputs'
+    explicit replicas, or colocated copies of the base setup, or its prefill and
+    decode replicas (``pd_ratio``)."""
+    if inputs.replicas:
+        return [
+            dataclasses.replace(s, config=apply_overrides(s.config, point.overrides))
+            for s in inputs.replicas
+        ]
+    config = apply_overrides(inputs.base, point.overrides)
+    kv, gpus = inputs.kv_bytes_per_token, inputs.num_gpus_per_replica
+    if point.pd_ratio is None:
+        spec = ReplicaSpec("replica", config, inputs.cost_model, "mixed", kv, gpus)
+        return [spec] * point.num_replicas
+    num_p, num_d = point.pd_ratio
+    prefill = ReplicaSpec("prefill", config, inputs.cost_model, "prefill", kv, gpus)
+    decode = ReplicaSpec("decode", config, inputs.cost_model, "decode", kv, gpus)
+    return [prefill] * num_p + [decode] * num_d
+
+
+def point_layout(point: GridPoint, inputs: GridInputs) -> str:
+    """The point's replica layout: ``"4"``, ``"1P+3D"``, or for explicit replicas
+    their roles and GPUs, e.g. ``"P(2 GPUs)+D"``."""
+    if not inputs.replicas:
+        return point.layout
+    parts = []
+    for s in inputs.replicas:
+        role = {"prefill": "P", "decode": "D", "mixed": "R"}[s.role]
+        parts.append(role if s.num_gpus == 1 else f"{role}({s.num_gpus} GPUs)")
+    return "+".join(parts)
 
 
 def run_grid(
@@ -184,7 +285,7 @@ def run_grid(
     cost_model: CostModel,
     variants: Mapping[str, Mapping[str, Any]],
     request_rates: Iterable[float] | None = None,
-    num_replicas: Iterable[int] = (1,),
+    num_replicas: Iterable[int | str] = (1,),
     seeds: Iterable[int] | None = None,
     burstiness: float = 1.0,
     seed: int = 0,
@@ -193,6 +294,9 @@ def run_grid(
     backend: str = "auto",
     ray_address: str | None = None,
     progress: bool = True,
+    kv_bytes_per_token: float = 0.0,
+    kv_transfer_link: LinkSpec | None = None,
+    num_gpus_per_replica: int = 1,
 ) -> pd.DataFrame:
     """Simulate every variant at every request rate (and replica count, seed).
 
@@ -204,7 +308,9 @@ def run_grid(
             plus optional ``router``/``router_args``/``router_staleness_s``.
         request_rates: req/s values (vLLM bench semantics; ``inf`` = all at once);
             None keeps the workload's own arrival times.
-        num_replicas: replica counts (homogeneous copies of ``base``).
+        num_replicas: replica counts (homogeneous copies of ``base``); an entry
+            ``"P:D"`` is P prefill + D decode replicas (then ``kv_bytes_per_token``
+            and ``kv_transfer_link`` price the handoffs).
         seeds: arrival seeds (default ``[seed]``), the same for every variant
             (common random numbers).
         burstiness: gamma shape of inter-arrival gaps (1 = Poisson).
@@ -223,7 +329,8 @@ def run_grid(
     points = grid_points(
         variants, request_rates, num_replicas, list(seeds) if seeds is not None else [seed]
     )
-    inputs = GridInputs(list(requests), base, cost_model, burstiness, goodput)
+    inputs = GridInputs(list(requests), base, cost_model, burstiness, goodput,
+                        kv_bytes_per_token, kv_transfer_link, num_gpus_per_replica)  # fmt: skip
     for point in points:  # fail fast on a bad key, before any task starts
         apply_overrides(base, point.overrides)
     rows = map_points(

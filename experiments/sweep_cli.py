@@ -10,7 +10,7 @@ A grid file (TOML) has three parts::
 
     [grid]
     request_rates = [2, 4, 8, 16]   # req/s (arrivals re-drawn, vLLM bench semantics)
-    num_replicas = [1, 2, 4]
+    num_replicas = [1, 2, 4]        # or "P:D": P prefill + D decode replicas
     seeds = [0]
 
     [variants.fifo]         # label -> overrides: SchedulerConfig fields, policy
@@ -40,13 +40,17 @@ from roseinfer.cli import (
     ArgumentParser,
     CliError,
     build_workload,
+    fit_workload,
     friendly_errors,
     scheduler_config,
 )
 from roseinfer.experiments.capacity import (
     DEFAULT_ATTAINMENT,
+    DEFAULT_MIN_DURATION_S,
     DEFAULT_TOLERANCE,
+    MIN_MEASURED_REQUESTS,
     CapacitySearch,
+    parse_criteria,
     search_point,
 )
 from roseinfer.experiments.sweep import (
@@ -103,13 +107,40 @@ def capacity_parser() -> argparse.ArgumentParser:
     parser = build_parser()
     parser.prog = "rose-sim capacity"
     parser.description = (
-        "Find the highest request rate whose goodput meets the SLOs (binary search on "
-        "rate, as Vidur-Search), for the flags' configuration or every configuration of --grid."
+        "Find the highest steady-state request rate meeting the SLOs (bisection on the rate "
+        "from a fluid estimate, as Vidur-Search), for the flags' configuration or every "
+        "configuration of --grid. --goodput takes METRIC:MS (joint attainment) or "
+        "METRIC:pXX:MS (a percentile), METRIC one of ttft, tpot, e2el, queue."
     )
     g = parser.add_argument_group("capacity search")
     g.add_argument("--grid", type=Path, help="search every (variant, replicas, seed) of a grid")
-    g.add_argument("--min-rate", type=float, default=0.25, help="first rate probed (req/s)")
-    g.add_argument("--max-rate", type=float, default=256.0, help="highest rate probed (req/s)")
+    g.add_argument(
+        "--pd-ratios",
+        nargs="+",
+        metavar="P:D|N",
+        help="search each replica layout: P:D prefill:decode replicas or N colocated ones, "
+        "e.g. 2 1:1 (the table adds capacity per GPU)",
+    )
+    g.add_argument(
+        "--min-rate", type=float, default=0.01, help="lowest rate probed (req/s; default 0.01)"
+    )
+    g.add_argument(
+        "--max-rate", type=float, default=1e6, help="highest rate probed (req/s; default 1e6)"
+    )
+    g.add_argument(
+        "--min-duration-s",
+        type=float,
+        default=DEFAULT_MIN_DURATION_S,
+        help="shortest probe horizon in simulated seconds; a probe runs for max(this, "
+        f"2 x the largest SLO / --tolerance) (default {DEFAULT_MIN_DURATION_S:g})",
+    )
+    g.add_argument(
+        "--min-measured-requests",
+        type=int,
+        default=MIN_MEASURED_REQUESTS,
+        help="fewest requests a probe measures: the attainment's precision "
+        f"(default {MIN_MEASURED_REQUESTS}: sampling error < 1 point at 90%%)",
+    )
     g.add_argument(
         "--tolerance",
         type=float,
@@ -167,21 +198,44 @@ def base_argv(base: dict[str, Any], grid_dir: Path) -> list[str]:
     return argv
 
 
-def grid_inputs(args: argparse.Namespace, goodput: dict[str, float] | None) -> GridInputs:
-    """Requests, base config and cost model from rose-sim flags."""
+def grid_inputs(
+    args: argparse.Namespace, goodput: dict[str, float] | None, *, whole_trace: bool = False
+) -> GridInputs:
+    """Requests, base config, cost model and KV handoff pricing from rose-sim flags
+    (and the replicas of a ``--replica-config``); ``whole_trace`` ignores
+    ``--num-requests`` (a capacity search draws from the whole mix)."""
+    if whole_trace:
+        args = argparse.Namespace(**{**vars(args), "num_requests": None})
     from roseinfer.simulator.cli import _profile_setup, _roofline_setup
+    from roseinfer.simulator.cluster_cli import kv_transfer_link, replica_specs
 
     registry = load_registry()
     requests, _ = build_workload(args)
     setup = _profile_setup(args) if args.cost_model is not None else _roofline_setup(args)
+    max_model_len = args.max_model_len or setup.max_model_len
+    requests, _ = fit_workload(args, requests, max_model_len, default=setup.fit_lengths)
     config = scheduler_config(
         args, registry, num_kv_blocks=setup.num_kv_blocks, max_model_len=setup.max_model_len
     )
-    return GridInputs(requests, config, setup.cost_model, args.burstiness, goodput)
+    replicas: tuple = ()
+    if getattr(args, "replica_config", None) is not None:
+        name = f"{setup.model.name}@{setup.device_name}"
+        kv = setup.model.kv_bytes_per_token
+        replicas = tuple(replica_specs(args, config, name, setup.cost_model, kv))
+    return GridInputs(
+        requests, config, setup.cost_model, args.burstiness, goodput,
+        kv_bytes_per_token=setup.model.kv_bytes_per_token,
+        kv_transfer_link=kv_transfer_link(args),
+        num_gpus_per_replica=args.tensor_parallel_size * args.pipeline_parallel_size,
+        replicas=replicas,
+    )  # fmt: skip
 
 
-def load_grid(path: Path, goodput: dict[str, float] | None = None) -> tuple[dict, GridInputs]:
-    """A grid file's tables and the inputs its ``[base]`` flags describe.
+def load_grid(
+    path: Path, goodput: dict[str, float] | None = None, *, whole_trace: bool = False
+) -> tuple[dict, GridInputs]:
+    """A grid file's tables and the inputs its ``[base]`` flags describe
+    (``whole_trace``: see :func:`grid_inputs`).
 
     Raises:
         CliError: on a bad grid file or flag.
@@ -190,7 +244,7 @@ def load_grid(path: Path, goodput: dict[str, float] | None = None) -> tuple[dict
 
     data = read_grid(path)
     args = build_parser().parse_args(base_argv(data.get("base", {}), path.parent))
-    return data, grid_inputs(args, goodput)
+    return data, grid_inputs(args, goodput, whole_trace=whole_trace)
 
 
 def save_rows(frame: pd.DataFrame, path: Path | None) -> None:
@@ -231,11 +285,14 @@ def sweep_main(argv: list[str]) -> int:
             backend=args.backend,
             ray_address=args.ray_address,
             progress=not args.quiet,
+            kv_bytes_per_token=inputs.kv_bytes_per_token,
+            kv_transfer_link=inputs.kv_transfer_link,
+            num_gpus_per_replica=inputs.num_gpus_per_replica,
         )
         output = args.output or args.grid.with_suffix(".parquet")
         save_rows(frame, output)
         if not args.quiet:
-            cols = ["variant", "router", "num_replicas", "request_rate", "p99_ttft_ms"]
+            cols = ["variant", "router", "replicas", "request_rate", "p99_ttft_ms"]
             print(frame[cols + ["p99_tpot_ms", "request_throughput"]].round(2).to_string())
             print(f"{len(frame)} points -> {output}")
     return 0
@@ -246,10 +303,12 @@ def capacity_main(argv: list[str]) -> int:
     args = capacity_parser().parse_args(argv)
     with friendly_errors("rose-sim capacity"):
         if not args.goodput:
-            raise CliError("capacity needs SLOs: --goodput ttft:MS [tpot:MS e2el:MS]")
-        slos = parse_goodput(args.goodput)
-        search = CapacitySearch(slos, args.min_rate, args.max_rate, args.tolerance, args.attainment)
-        points, inputs = _capacity_points(args, slos)
+            raise CliError("capacity needs SLOs: --goodput ttft:MS [tpot:MS e2el:MS queue:pXX:MS]")
+        points, inputs, num_requests = _capacity_points(args)
+        search = CapacitySearch(
+            parse_criteria(args.goodput), args.min_rate, args.max_rate, args.tolerance,
+            args.attainment, args.min_duration_s, num_requests or 0, args.min_measured_requests,
+        )  # fmt: skip
         rows = map_points(
             lambda p, i: search_point(p, i, search),
             points,
@@ -260,30 +319,58 @@ def capacity_main(argv: list[str]) -> int:
         )
         frame = pd.DataFrame(rows)
         save_rows(frame, args.output)
-        slo_text = " ".join(args.goodput)
+        slo_text = " ".join(str(c) for c in search.slos)
         print(
-            f"capacity at {slo_text}, attainment >= {args.attainment:.0%}, tolerance {args.tolerance:.0%}:"
+            f"steady-state capacity at {slo_text}, attainment >= {args.attainment:.0%}, "
+            f"tolerance {args.tolerance:.0%}, probes of {frame['horizon_s'].max():.0f} "
+            "simulated s (first 20% and last 10% not measured):"
         )
-        print(frame.drop(columns=["probes"]).to_string(index=False))
+        print(frame.drop(columns=["probes", "horizon_s"]).to_string(index=False))
     return 0
 
 
 def _capacity_points(
-    args: argparse.Namespace, slos: dict[str, float]
-) -> tuple[list[GridPoint], GridInputs]:
+    args: argparse.Namespace,
+) -> tuple[list[GridPoint], GridInputs, int | None]:
+    """The configurations to search, their inputs (the whole workload), and the
+    fewest requests a probe simulates (``--num-requests`` or the grid's)."""
     if args.grid is not None:
-        data, inputs = load_grid(args.grid, slos)
+        data, inputs = load_grid(args.grid, whole_trace=True)
         axes = data.get("grid", {})
         points = grid_points(
             data["variants"], None, axes.get("num_replicas", [1]), axes.get("seeds", [0])
         )
-        return points, inputs
-    inputs = grid_inputs(args, slos)
+        return points, inputs, data.get("base", {}).get("num_requests", args.num_requests)
+    inputs = grid_inputs(args, None, whole_trace=True)
+    if inputs.replicas and args.pd_ratios:
+        raise CliError("--replica-config lists the replicas: drop --pd-ratios")
+    layouts = _layouts(args) if not inputs.replicas else [len(inputs.replicas)]
     overrides: dict[str, Any] = {}
-    if (args.num_replicas or 1) > 1:
+    if any(str(x) != "1" for x in layouts):
         overrides = {
             "router": args.router or "round-robin",
             "router_staleness_s": args.router_staleness_s,
         }
-    label = args.policy
-    return [GridPoint(0, label, overrides, None, args.num_replicas or 1, args.seed)], inputs
+    try:
+        points = grid_points({args.policy: overrides}, None, layouts, [args.seed])
+    except ValueError as err:
+        raise CliError(f"--pd-ratios: {err}") from None
+    return points, inputs, args.num_requests
+
+
+def _layouts(args: argparse.Namespace) -> list[int | str]:
+    """The replica layouts to search: ``--pd-ratios``, or the one the flags describe.
+
+    Raises:
+        CliError: with --pd-ratios and replica counts too.
+    """
+    counts = (args.num_replicas, args.num_prefill_replicas, args.num_decode_replicas)
+    if args.pd_ratios:
+        if any(c is not None for c in counts):
+            raise CliError("--pd-ratios lists the layouts: drop the replica counts")
+        return list(args.pd_ratios)
+    if args.num_prefill_replicas is not None or args.num_decode_replicas is not None:
+        if args.num_prefill_replicas is None or args.num_decode_replicas is None:
+            raise CliError("give both --num-prefill-replicas and --num-decode-replicas")
+        return [f"{args.num_prefill_replicas}:{args.num_decode_replicas}"]
+    return [args.num_replicas or 1]

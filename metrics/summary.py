@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -350,10 +351,31 @@ def format_summary(
         if key in summary:
             value = summary[key] * scale if scale != 1.0 else summary[key]
             lines.append(f"{label:<40} {value:<10{spec}}")
+    lines += _kv_tier_lines(summary)
     for metric, name, header in _SECTIONS:
         lines += _section_lines(summary, metric, name, header)
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
+
+
+def _kv_tier_lines(summary: Mapping[str, Any]) -> list[str]:
+    """Hit rate per KV tier and bytes moved, when the run had tiers
+    (``roseinfer.kv_tiers.kv_tier_summary`` keys)."""
+    if "kv_hit_rate_device" not in summary:
+        return []
+    prefix = "kv_hit_rate_"
+    lines = [
+        f"{'  hit rate, ' + key[len(prefix) :] + ' (%):':<40} {100 * summary[key]:<10.2f}"
+        for key in summary
+        if key.startswith(prefix)
+    ]
+    for label, key in (("  KV offloaded (GiB):", "kv_offloaded_bytes"),
+                       ("  KV loaded (GiB):", "kv_loaded_bytes")):  # fmt: skip
+        if key in summary:
+            lines.append(f"{label:<40} {summary[key] / 2**30:<10.2f}")
+    if "kv_load_time_s" in summary:
+        lines.append(f"{'  KV load time, priced (s):':<40} {summary['kv_load_time_s']:<10.3f}")
+    return lines
 
 
 def _section_lines(

@@ -10,6 +10,11 @@ for new content (LRU eviction), so "free" includes evictable cached blocks.
 
 The executor's K/V tensors follow these block ids; the simulator has no
 tensors, so its hit rates and preemptions are this algorithm's, not an imitation.
+
+With KV tiers (:mod:`roseinfer.kv_tiers`), an evicted cached block moves down to
+the first tier instead of being forgotten, and a prefix hit goes on through the
+tiers: those blocks are loaded back at admission. Without tiers, the hot paths
+(``lookup``, ``_take``, ``_evict``, ``free``, ``grow``) pay one attribute check.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ from collections.abc import Sequence as SequenceABC
 
 import numpy as np
 
+from roseinfer.kv_tiers import (
+    DEVICE,
+    KVTier,
+    KVTierConfig,
+    KVTierPolicy,
+    KVTransfers,
+    make_tiers,
+)
 from roseinfer.request import Request
 from roseinfer.sequence import Sequence
 
@@ -122,6 +135,12 @@ class BlockManager:
         enable_prefix_caching: index full prompt blocks by hash for reuse.
         block_hasher: hashes a block's token ids with its parent's hash
             (default SHA-256; see :data:`BLOCK_HASHERS`).
+        kv_tiers: tiers below the device (None: evicted blocks are forgotten).
+
+    Raises:
+        ValueError: on a non-positive size, or tiers without prefix caching
+            (blocks move between tiers by their hash).
+        UnknownPolicyError: for an unregistered tier policy.
     """
 
     def __init__(
@@ -130,9 +149,12 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool,
         block_hasher: BlockHasher = sha256_block_hash,
+        kv_tiers: KVTierConfig | None = None,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be > 0")
+        if kv_tiers is not None and not enable_prefix_caching:
+            raise ValueError("KV tiers move cached blocks by hash: enable prefix caching")
         self.block_hasher = block_hasher
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -153,6 +175,20 @@ class BlockManager:
         self._num_evictions = 0  # bumps whenever a cached block loses its hash
         self.num_queried_tokens = 0  # prompt tokens looked up at first admissions
         self.num_hit_tokens = 0  # of which served from the cache
+        # KV tiers (None: none; every hot path tests only this attribute)
+        self.kv_tiers = kv_tiers
+        self._tiers: list[KVTier] | None = None if kv_tiers is None else make_tiers(kv_tiers)
+        self._tier_slots = [t.slots for t in self._tiers or ()]  # hash -> slot, tier by tier
+        self._observers = [  # tier policies that watch lookups (reuse-frequency gating)
+            t.policy
+            for t in self._tiers or ()
+            if type(t.policy).observe is not KVTierPolicy.observe
+        ]
+        self.record_transfer_ops = False  # the executor sets it: it copies by these
+        self._pending: KVTransfers | None = None  # transfers not yet handed to a step
+        self._last_split: tuple[int, int, list[int]] | None = None  # (seq_id, device, per tier)
+        self.num_device_hit_tokens = 0  # hit tokens served by device blocks (tiers only)
+        self.kv_load_s = 0.0  # summed transfer time of the loads (s)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -192,6 +228,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
+        if self._tiers is not None:
+            return self._lookup_tiered(seq)
         hashes = self._hashes(seq)
         max_hit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
         memo = seq.prefix_hit
@@ -216,6 +254,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return 0
         index = self._hash_to_block
+        if self._tiers is not None:
+            if len(self._tier_slots) == 1:
+                slots = self._tier_slots[0]
+                for i, h in enumerate(hashes):
+                    if h not in index and h not in slots:
+                        return i
+                return len(hashes)
+            in_tiers = self._in_tiers
+            for i, h in enumerate(hashes):
+                if h not in index and not in_tiers(h):
+                    return i
+            return len(hashes)
         for i, h in enumerate(hashes):
             if h not in index:
                 return i
@@ -231,6 +281,13 @@ class BlockManager:
         all ``seq.num_tokens``) can be had now, prefix hits included."""
         hits = self.lookup(seq)
         num_tokens = seq.num_tokens if num_tokens is None else num_tokens
+        if self._tiers is not None:
+            refs = self._ref_counts
+            on_device = [b for b in hits if b != DEVICE]  # a tier hit needs a new block
+            num_hits_free = sum(1 for b in on_device if refs[b] == 0)
+            return (
+                self.blocks_for(num_tokens) - len(on_device) <= self.num_free_blocks - num_hits_free
+            )
         num_new = self.blocks_for(num_tokens) - len(hits)
         num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
         return num_new <= self.num_free_blocks - num_hits_free
@@ -251,6 +308,8 @@ class BlockManager:
         num_tokens = seq.num_tokens if num_tokens is None else num_tokens
         if not self.can_allocate(seq, num_tokens):
             raise RuntimeError(f"not enough free KV blocks for {seq}")
+        if self._tiers is not None:
+            return self._allocate_tiered(seq, num_tokens)
         table = list(self.lookup(seq))
         seq.prefix_hit = None
         for block in table:
@@ -317,6 +376,17 @@ class BlockManager:
         """Count a first admission for the prefix-cache hit rate."""
         self.num_queried_tokens += seq.num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
+        if self._tiers is not None and self._last_split is not None:
+            seq_id, num_device, loaded = self._last_split
+            if seq_id == seq.seq_id:
+                self.num_device_hit_tokens += num_device * self.block_size
+                for tier, n in zip(self._tiers, loaded):
+                    tier.num_hit_tokens += n * self.block_size
+                if self._observers:
+                    below = self._hashes(seq)[num_device:]
+                    for policy in self._observers:
+                        policy.observe(below)
+            self._last_split = None
 
     # ------------------------------------------------------------------ helpers
     def _ref(self, block: int) -> None:
@@ -353,6 +423,8 @@ class BlockManager:
         )  # fmt: skip
         pop = cached.popitem
         blocks = [pop(last=False)[0] for _ in range(num_blocks)]
+        if self._tiers is not None:  # move them down before their hashes go
+            self._offload(blocks)
         for block in blocks:
             # a block holds hash h exactly when the index maps h to it (_register)
             del index[hashes[block]]  # type: ignore[arg-type]
@@ -401,6 +473,249 @@ class BlockManager:
         assert self.num_free_blocks + used == self.num_blocks, "free + used != total"
         for h, block in self._hash_to_block.items():
             assert self._block_hash[block] == h, f"hash index stale for block {block}"
+        if self._tiers is not None:
+            for tier in self._tiers:
+                tier.check()
+            tier_hits = sum(t.num_hit_tokens for t in self._tiers)
+            assert self.num_device_hit_tokens + tier_hits <= self.num_hit_tokens, (
+                "tier hit tokens exceed the hits"
+            )
+            assert sum(t.num_loaded for t in self._tiers) * self.block_size >= tier_hits, (
+                "tier hits without loads"
+            )
+
+    # -------------------------------------------------------------- KV tiers
+    def _lookup_tiered(self, seq: Sequence) -> list[int]:
+        """:meth:`lookup` with tiers: the hit goes on through blocks found in a
+        tier, marked :data:`~roseinfer.kv_tiers.DEVICE` (-1) in the list. The memo
+        stays valid until a device eviction (the only thing that changes a tier's
+        contents, besides loads, which :meth:`_allocate_tiered` resolves again)."""
+        hashes = self._hashes(seq)
+        max_hit = min(len(hashes), (seq.num_tokens - 1) // self.block_size)
+        memo = seq.prefix_hit
+        if isinstance(memo, _PrefixHit) and memo.epoch == self._num_evictions:
+            hits = memo.blocks
+        else:
+            hits = []
+            seq.prefix_hit = _PrefixHit(self._num_evictions, hits)
+        if len(hits) > max_hit:
+            del hits[max_hit:]
+        index = self._hash_to_block
+        if len(self._tier_slots) == 1:  # one tier: its index inline
+            slots = self._tier_slots[0]
+            for i in range(len(hits), max_hit):
+                h = hashes[i]
+                block = index.get(h)
+                if block is None:
+                    if h not in slots:
+                        break
+                    block = DEVICE
+                hits.append(block)
+            return hits
+        in_tiers = self._in_tiers
+        for i in range(len(hits), max_hit):
+            h = hashes[i]
+            block = index.get(h)
+            if block is None:
+                if not in_tiers(h):
+                    break
+                block = DEVICE
+            hits.append(block)
+        return hits
+
+    def _in_tiers(self, h: int) -> bool:
+        """Whether some tier holds block hash ``h``."""
+        for slots in self._tier_slots:  # noqa: SIM110 - a loop beats any() on a generator
+            if h in slots:
+                return True
+        return False
+
+    def _allocate_tiered(self, seq: Sequence, num_tokens: int) -> int:
+        """:meth:`allocate` with tiers: device hits are referenced, tier hits get new
+        device blocks and a load each (their tier slot pinned while the device
+        blocks are taken, so the offloads that taking may cause cannot overwrite
+        them; put back, most recently used, once the load is recorded)."""
+        hits = self.lookup(seq)
+        seq.prefix_hit = None
+        hashes = self._hashes(seq)
+        index = self._hash_to_block
+        tiers: list[KVTier] = self._tiers  # type: ignore[assignment]
+        tier_slots = self._tier_slots
+        table: list[int] = []
+        loads: list[tuple[int, int, int]] = []  # (position, level, slot)
+        refs, free_cached = self._ref_counts, self._free_cached
+        for i, block in enumerate(hits):
+            if block == DEVICE:
+                h = hashes[i]
+                block = index.get(h, DEVICE)  # loaded by another request since?
+                if block == DEVICE:
+                    for level, slots in enumerate(tier_slots):
+                        slot = slots.pop(h, None)
+                        if slot is not None:
+                            tiers[level].policy.remove(h)
+                            loads.append((i, level, slot))
+                            break
+                    else:  # pragma: no cover - the memo is reset by every tier change
+                        raise RuntimeError(f"block hash of {seq} left every tier")
+                    table.append(DEVICE)
+                    continue
+            if refs[block] == 0:  # as _ref: a hit on a free cached block revives it
+                del free_cached[block]
+            refs[block] += 1
+            table.append(block)
+        num_hit = len(table)
+        for _, level, _ in loads:  # the popped slots are pinned: out of every index
+            tiers[level].num_pinned += 1
+        fresh = self._take(len(loads) + self.blocks_for(num_tokens) - num_hit)
+        loaded = [0] * len(tiers)
+        if loads:
+            pending = self._pending_transfers()
+            ops = pending.ops if self.record_transfer_ops else None
+            block_hash = self._block_hash
+            for (i, level, slot), block in zip(loads, fresh):
+                h = hashes[i]
+                table[i] = block
+                index[h] = block
+                block_hash[block] = h
+                tier_slots[level][h] = slot
+                tiers[level].policy.reinsert(h)
+                loaded[level] += 1
+                if ops is not None:
+                    ops.append((level, slot, DEVICE, block))
+            block_bytes = self.kv_tiers.block_bytes  # type: ignore[union-attr]
+            for tier, n in zip(tiers, loaded):
+                if n:
+                    tier.num_pinned = 0
+                    tier.num_loaded += n
+                    load_s = n * block_bytes / tier.spec.read_bytes_per_s
+                    pending.load_s += load_s
+                    self.kv_load_s += load_s
+            pending.num_loaded += len(loads)
+            table.extend(fresh[len(loads) :])
+        else:
+            table.extend(fresh)
+        self._tables[seq.seq_id] = table
+        seq.kv_slots = len(table) * self.block_size
+        self._num_registered[seq.seq_id] = num_hit
+        self._register(seq, num_tokens)
+        self._last_split = (seq.seq_id, num_hit - len(loads), loaded)
+        return num_hit * self.block_size
+
+    def _offload(self, blocks: list[int]) -> None:
+        """Write the cached device ``blocks`` (being evicted) into tier 0: :meth:`_store`
+        for each, unrolled for the first tier (one call per block moved down)."""
+        tier = self._tiers[0]  # type: ignore[index]
+        slots, policy, capacity = tier.slots, tier.policy, tier.spec.num_blocks
+        gates = type(policy).admit is not KVTierPolicy.admit
+        has_next = len(self._tiers) > 1  # type: ignore[arg-type]
+        pending = self._pending_transfers()
+        ops = pending.ops if self.record_transfer_ops else None
+        hashes = self._block_hash
+        touch, insert, evict = policy.touch, policy.insert, policy.evict
+        num_stored = num_evicted = 0
+        num_touched = tier.num_touched  # tier 0 only changes here (demotions go below)
+        for block in blocks:
+            h: int = hashes[block]  # type: ignore[assignment]
+            if h in slots:
+                touch(h)
+                continue
+            if gates and not policy.admit(h):
+                continue
+            if num_touched < capacity:
+                slot = num_touched
+                num_touched += 1
+            elif slots:
+                victim = evict(h)
+                slot = slots.pop(victim)
+                num_evicted += 1
+                if has_next:
+                    self._store(1, victim, 0, slot)
+            else:  # every slot pinned by a load in progress
+                if has_next:
+                    self._store(1, h, DEVICE, block)
+                continue
+            slots[h] = slot
+            insert(h)
+            num_stored += 1
+            if ops is not None:
+                ops.append((DEVICE, block, 0, slot))
+        tier.num_touched = num_touched
+        tier.num_stored += num_stored
+        tier.num_evicted += num_evicted
+        pending.num_offloaded += num_stored
+
+    def _store(self, level: int, h: int, src_level: int, src_index: int) -> None:
+        """Write block hash ``h`` (held at ``src_index`` of ``src_level``) into tier
+        ``level``; a full tier first moves its policy's victim one tier down (whose
+        copy is therefore recorded first), or drops it below the last tier."""
+        tiers: list[KVTier] = self._tiers  # type: ignore[assignment]
+        if level >= len(tiers):
+            return
+        tier = tiers[level]
+        slots = tier.slots
+        if h in slots:
+            tier.policy.touch(h)
+            return
+        policy = tier.policy
+        if not policy.admit(h):
+            return
+        if tier.num_touched < tier.spec.num_blocks:
+            slot = tier.num_touched
+            tier.num_touched += 1
+        elif slots:
+            victim = policy.evict(h)
+            slot = slots.pop(victim)
+            tier.num_evicted += 1
+            self._store(level + 1, victim, level, slot)
+        else:  # every slot pinned by a load in progress: go one tier down
+            self._store(level + 1, h, src_level, src_index)
+            return
+        slots[h] = slot
+        policy.insert(h)
+        tier.num_stored += 1
+        pending = self._pending_transfers()
+        pending.num_offloaded += 1
+        if self.record_transfer_ops:
+            pending.ops.append((src_level, src_index, level, slot))
+
+    def _pending_transfers(self) -> KVTransfers:
+        pending = self._pending
+        if pending is None:
+            overlap = self.kv_tiers.overlap  # type: ignore[union-attr]
+            pending = self._pending = KVTransfers(overlap=overlap)
+        return pending
+
+    def pop_transfers(self) -> KVTransfers | None:
+        """The block copies decided since the last call (None if none): the step
+        that is about to run must apply them (executor) or price them (simulator)
+        before its forward."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def kv_tier_counters(self) -> dict[str, object]:
+        """Raw tier counters for :func:`~roseinfer.kv_tiers.kv_tier_summary` (empty
+        without tiers): prompt tokens looked up, hit tokens by device and by tier,
+        blocks stored into and loaded from each tier, block bytes, load seconds."""
+        if self._tiers is None or self.kv_tiers is None:
+            return {}
+        return {
+            "describe": self.kv_tiers.describe(),
+            "policy": self.kv_tiers.policy_name,
+            "block_bytes": self.kv_tiers.block_bytes,
+            "queried_tokens": self.num_queried_tokens,
+            "device_hit_tokens": self.num_device_hit_tokens,
+            "load_s": self.kv_load_s,
+            "tiers": {
+                t.spec.name: {
+                    "hit_tokens": t.num_hit_tokens,
+                    "stored_blocks": t.num_stored,
+                    "loaded_blocks": t.num_loaded,
+                    "evicted_blocks": t.num_evicted,
+                    "held_blocks": len(t.slots),
+                }
+                for t in self._tiers
+            },
+        }
 
 
 class _PrefixHit:

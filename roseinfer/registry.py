@@ -24,6 +24,7 @@ from roseinfer.interface import (
     PolicyOptions,
     PolicyWrapper,
 )
+from roseinfer.kv_tiers import KVTierPolicy
 from roseinfer.prediction import LENGTH_PREDICTOR_OPTION, LengthPredictor
 from roseinfer.routing import Router
 
@@ -38,6 +39,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "roseinfer.policies.cache",
     "roseinfer.policies.predictors",
     "roseinfer.policies.routers",
+    "roseinfer.policies.kv_tiers",
 )
 
 
@@ -62,6 +64,15 @@ class Registry:
     wrappers: dict[str, Entry] = field(default_factory=dict)
     predictors: dict[str, Entry] = field(default_factory=dict)
     routers: dict[str, Entry] = field(default_factory=dict)
+    kv_tier_policies: dict[str, Entry] = field(default_factory=dict)
+
+    def kv_tier_policy(self, name: str) -> type[KVTierPolicy]:
+        """The KV tier policy class called ``name`` (``--kv-tier-policy``).
+
+        Raises:
+            UnknownPolicyError: listing the known names.
+        """
+        return _lookup(self.kv_tier_policies, name, "KV tier policy", "--kv-tier-policy")
 
     def router(self, name: str) -> type[Router]:
         """The router class called ``name`` (clusters, ``--router``).
@@ -175,6 +186,9 @@ class Registry:
         lines.append("routers (--router, with --num-replicas N):")
         for name, rentry in sorted(self.routers.items()):
             lines.append(f"  {name:<16} {rentry.cls.description}  (plugin: {rentry.plugin})")
+        lines.append("KV tier policies (--kv-tier-policy, with --kv-offloading-size or --kv-tier):")
+        for name, tentry in sorted(self.kv_tier_policies.items()):
+            lines.append(f"  {name:<16} {tentry.cls.description}  (plugin: {tentry.plugin})")
         return "\n".join(lines)
 
 
@@ -250,6 +264,7 @@ def load_registry(pm: pluggy.PluginManager | None = None, *, warn: Warn | None =
         ("register_policy_wrappers", registry.wrappers, AdmissionPolicy),
         ("register_length_predictors", registry.predictors, LengthPredictor),
         ("register_routers", registry.routers, Router),
+        ("register_kv_tier_policies", registry.kv_tier_policies, KVTierPolicy),
     )
     found: list[tuple[dict[str, Entry], Any, str, type]] = []
     failed: set[str] = set()

@@ -76,6 +76,10 @@ class Request:
         deadline_s: optional first-token deadline in seconds after arrival (a
             TTFT SLO); read by ``edf``; the metrics report its attainment.
         sampling: sampling parameters for the executor.
+        num_transferred_tokens: leading prompt tokens whose KV arrives with the
+            request (a prefill replica computed them; prefill/decode
+            disaggregation in the cluster simulator): the first admission
+            allocates blocks for them but computes only the rest. 0 otherwise.
 
     Raises:
         ValueError: on non-positive lengths, a negative arrival time, or token ids
@@ -93,6 +97,7 @@ class Request:
     priority: int = 0
     deadline_s: float | None = None
     sampling: SamplingParams = field(default=GREEDY)
+    num_transferred_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -119,6 +124,11 @@ class Request:
             )
         if self.prefix_hash_block_tokens <= 0:
             raise ValueError("prefix_hash_block_tokens must be > 0")
+        if not 0 <= self.num_transferred_tokens <= self.num_prompt_tokens:
+            raise ValueError(
+                f"request {self.request_id}: num_transferred_tokens must be in "
+                f"0..{self.num_prompt_tokens}, got {self.num_transferred_tokens}"
+            )
 
     @property
     def max_num_tokens(self) -> int:

@@ -15,6 +15,12 @@ load as of the last update (``--router-staleness-s``): real routers read load
 from metrics that lag. Prefix-cache contents are read live through
 :meth:`ReplicaView.cached_prefix_blocks`, as a router fed by KV-cache events
 (NVIDIA Dynamo's KV router) sees them.
+
+With prefill/decode disaggregation a request is routed twice, once per stage
+(``stage="prefill"`` when it arrives, ``stage="decode"`` when its prefill
+ends): :meth:`Router.route` offers only the replicas whose role serves that
+stage (:data:`ROLES`), and a router can tell the stages apart by
+:attr:`ReplicaView.role`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from roseinfer.request import Request
+
+ROLES = ("mixed", "prefill", "decode")
+"""Replica roles: ``mixed`` serves whole requests (colocated serving),
+``prefill`` computes prompts and hands their KV on, ``decode`` generates from
+handed-over KV (DistServe's and vLLM's disaggregated prefill). A request is
+routed once per stage, and a stage goes to the replicas of the same role."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +59,7 @@ class ReplicaView:
         max_model_len: longest request (prompt + output tokens) it accepts.
         prefix_blocks: callable giving the number of leading full prompt blocks
             of a request that are in the replica's prefix cache now.
+        role: ``mixed``, ``prefill`` or ``decode`` (:data:`ROLES`).
     """
 
     index: int
@@ -59,6 +72,7 @@ class ReplicaView:
     block_size: int
     max_model_len: int
     prefix_blocks: Callable[[Request], int] = field(repr=False, compare=False)
+    role: str = "mixed"
 
     def cached_prefix_blocks(self, request: Request) -> int:
         """Leading full prompt blocks of ``request`` cached on this replica (0 without
@@ -97,19 +111,27 @@ class Router:
         self.seed = seed
         self.options = dict(options or {})
 
-    def route(self, request: Request, replicas: SequenceABC[ReplicaView], now_s: float) -> int:
-        """The index of the replica that serves ``request`` (filter, score, pick).
-        When the filter leaves none, every replica is a candidate (the chosen one
+    def route(
+        self,
+        request: Request,
+        replicas: SequenceABC[ReplicaView],
+        now_s: float,
+        stage: str = "mixed",
+    ) -> int:
+        """The index of the replica that serves ``stage`` of ``request`` (filter,
+        score, pick among the replicas whose role is ``stage``). When the filter
+        leaves none, every replica of that role is a candidate (the chosen one
         rejects the request, recording why).
 
         Raises:
-            RouterError: with no replicas, or an invalid score list or pick.
+            RouterError: with no replica of that role, or an invalid score list or pick.
         """
-        if not replicas:
-            raise RouterError("no replicas to route to")
+        pool = [r for r in replicas if r.role == stage]
+        if not pool:
+            raise RouterError(f"no {stage} replica to route to")
         # A request no replica can hold still goes somewhere: that replica rejects
         # it with its reason, as a single engine does.
-        candidates = self.filter(request, replicas) or list(replicas)
+        candidates = self.filter(request, pool) or pool
         scores = self.score(request, candidates, now_s)
         if len(scores) != len(candidates):
             raise RouterError(f"router {self.name!r} scored {len(scores)} of {len(candidates)}")

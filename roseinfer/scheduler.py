@@ -46,6 +46,7 @@ from roseinfer.interface import (
     StepItem,
     StepReport,
 )
+from roseinfer.kv_tiers import KVTransfers
 from roseinfer.records import StepLog
 from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
@@ -122,11 +123,14 @@ class SchedulerOutput:
         preempted: requests preempted (by recompute) while planning this step.
         decode_context_tokens: summed context of the decodes after the (first)
             step (tokens).
+        kv_transfers: KV tier copies to make before the (first) forward and the
+            load time to price (:class:`~roseinfer.kv_tiers.KVTransfers`); None
+            without tiers or when no block moved.
     """
 
     __slots__ = (
         "step_index", "phase", "decodes", "decode_contexts", "prefills", "num_steps",
-        "preempted", "decode_context_tokens", "_items",
+        "preempted", "decode_context_tokens", "_items", "kv_transfers",
     )  # fmt: skip
 
     def __init__(self, step_index: int, phase: Phase | None) -> None:
@@ -139,6 +143,7 @@ class SchedulerOutput:
         self.preempted: list[Sequence] = []
         self.decode_context_tokens = 0
         self._items: list[ScheduledSeq] | None = None
+        self.kv_transfers: KVTransfers | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -296,6 +301,7 @@ class Scheduler:
             config.block_size,
             config.enable_prefix_caching,
             BLOCK_HASHERS[config.prefix_caching_hash_algo],
+            config.kv_tiers,
         )
         self.step_log = StepLog()
         self.waiting: deque[Sequence] = deque()
@@ -410,6 +416,13 @@ class Scheduler:
         Raises:
             PolicyError: if a policy answer is invalid.
         """
+        out = self._schedule(now_s)
+        if self.block_manager.kv_tiers is not None and not out.is_empty:
+            # copies decided while planning an empty output wait for the next step
+            out.kv_transfers = self.block_manager.pop_transfers()
+        return out
+
+    def _schedule(self, now_s: float) -> SchedulerOutput:
         # by the policy itself, then by phases that had nothing to run
         preempted = self._policy_actions(now_s) if self._acts and self.waiting else []
         for phase in self._next_phases(now_s):
@@ -471,7 +484,7 @@ class Scheduler:
         max_len = self.config.max_model_len
 
         def cost(seq: Sequence) -> int:
-            return min(seq.num_tokens - bm.num_cached_tokens(seq), max_len)
+            return min(seq.num_tokens - self._ready_tokens(seq, bm.num_cached_tokens(seq)), max_len)
 
         return PolicyContext(
             now_s=now_s,
@@ -688,18 +701,22 @@ class Scheduler:
         """Admit ``seq`` with a chunk (``num_tokens``, or sized here); None if it
         cannot start this step."""
         bm = self.block_manager
-        num_cached = bm.num_cached_tokens(seq)
+        num_hit = bm.num_cached_tokens(seq)
+        num_cached = self._ready_tokens(seq, num_hit)
         num_uncomputed = seq.num_tokens - num_cached
         chunk = num_tokens or self._chunk_size(num_uncomputed, room.batched)
         if chunk <= 0 or chunk > room.batched:
             return None
         if chunk < num_uncomputed and not self._may_start_partial(out):
             return None
-        if not bm.can_allocate(seq, num_cached + chunk):
+        # vLLM's scheduler_reserve_full_isl: blocks for the whole sequence must be free,
+        # though only the chunk is allocated now
+        full = self.config.scheduler_reserve_full_isl
+        if not bm.can_allocate(seq, seq.num_tokens if full else num_cached + chunk):
             return None
         bm.allocate(seq, num_cached + chunk)
         if seq.num_cached_prompt_tokens is None:
-            seq.num_cached_prompt_tokens = min(num_cached, seq.num_prompt_tokens)
+            seq.num_cached_prompt_tokens = min(num_hit, seq.num_prompt_tokens)
             seq.admitted_s = now_s
             bm.record_prefix_query(seq, seq.num_cached_prompt_tokens)
         seq.status = SeqStatus.RUNNING
@@ -714,6 +731,17 @@ class Scheduler:
             self._num_may_stop += 1
         room.take(chunk, prefill=True)
         return self._item(seq, num_cached, chunk)
+
+    @staticmethod
+    def _ready_tokens(seq: Sequence, num_cached: int) -> int:
+        """Tokens of ``seq`` whose KV it need not compute at admission: its
+        prefix-cache hit (``num_cached``), or (first admission only) the KV that
+        arrived with it from a prefill replica (``Request.num_transferred_tokens``,
+        capped so the last token is computed and samples)."""
+        transferred = seq.request.num_transferred_tokens
+        if transferred and not seq.num_preemptions:
+            return max(num_cached, min(transferred, seq.num_tokens - 1))
+        return num_cached
 
     def _may_start_partial(self, out: SchedulerOutput) -> bool:
         cap = self.config.max_num_partial_prefills
@@ -880,6 +908,12 @@ class Scheduler:
             if seq.kv_slots < num_tokens + extra:
                 bm.grow(seq, num_tokens + extra)
         out.num_steps = num_steps
+        if bm.kv_tiers is not None:  # growing may have moved cached blocks down
+            moved = bm.pop_transfers()
+            if out.kv_transfers is None:
+                out.kv_transfers = moved
+            else:
+                out.kv_transfers.extend(moved)
 
     # ------------------------------------------------------------------ update
     def update(

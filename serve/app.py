@@ -7,6 +7,15 @@ SSE chunk per token (clients such as ``vllm bench serve`` time each chunk as a
 token), then a usage chunk if asked (``stream_options.include_usage``) and
 ``data: [DONE]``. A task per request waits for the client's ``http.disconnect``
 and aborts the request, which frees its KV blocks at the next step boundary.
+
+As a public endpoint: a body over ``max_request_bytes`` is refused (413) before
+or while it arrives, a body must arrive within ``timeout_request_body_s`` (408), and
+JSON decoding, checking and tokenizing run on one parser thread, never on the
+event loop, so one large request cannot stall ``/health`` or other streams.
+Every error is OpenAI's JSON error object; none carries a traceback.
+:func:`server_config` adds what uvicorn lacks: a connection that has not sent a
+complete request head within ``timeout_keep_alive`` seconds (of opening, or of
+its previous response) is closed, even if it trickles bytes (slowloris).
 """
 
 from __future__ import annotations
@@ -15,12 +24,17 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from roseinfer.executor.streaming import (
     EngineClosedError,
@@ -32,33 +46,41 @@ from roseinfer.executor.streaming import (
 from roseinfer.executor.validation import InvalidRequestError
 from roseinfer.serve import protocol
 from roseinfer.serve.metrics import ServerMetrics
-from roseinfer.serve.protocol import ApiError, Generation, ModelContext
+from roseinfer.serve.protocol import (
+    DEFAULT_TIMEOUT_REQUEST_BODY_S,
+    ApiError,
+    Generation,
+    ModelContext,
+)
 
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine, the served model, the metrics."""
+    """What the routes share: the engine, the served model, the metrics, and the
+    thread that parses and tokenizes request bodies (one, as vLLM's tokenizer
+    executor: a tokenizer is not safe to share between threads)."""
 
     engine: StreamingEngine
     model: ModelContext
     metrics: ServerMetrics
+    parser: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rose-serve-parser")
+    )
 
 
 class _Run:
-    """One request's output as the client sees it: text pieces with stop strings
-    applied (text that may begin a stop string is held back), token count,
-    finish reason, and the server's latency observations."""
+    """One request's output as the client sees it: text pieces (stop strings are
+    applied by the engine), token count, finish reason, and the server's latency
+    observations."""
 
     def __init__(self, state: ServerState, rid: str, gen: Generation, added_s: float) -> None:
         self.state, self.rid, self.gen = state, rid, gen
         self.stream = state.engine.astream(rid)
-        self.held = ""
         self.num_tokens = 0
         self.finish_reason: str | None = None
         self.last_s = added_s
         self.added_s = added_s
         self.disconnected = False
-        self.hold = max((len(s) for s in gen.stop), default=1) - 1
 
     async def next(self) -> str | None:
         """The next token's text piece ("" while held back), or None at the end."""
@@ -72,25 +94,10 @@ class _Run:
         (metrics.itl if self.num_tokens else metrics.ttft).observe(out.time_s - self.last_s)
         self.num_tokens += 1
         self.last_s = out.time_s
-        text = self._cut(out.text, out.finished)
-        if out.finished and self.finish_reason is None:
-            self.finish_reason = out.stop_reason
-        if self.finish_reason is not None:
+        if out.finished:
+            self.finish_reason = out.stop_reason or "length"
             metrics.e2el.observe(out.time_s - self.added_s)
-        return text
-
-    def _cut(self, piece: str, finished: bool) -> str:
-        self.held += piece
-        hits = [i for i in (self.held.find(s) for s in self.gen.stop) if i >= 0]
-        if hits:
-            text, self.held = self.held[: min(hits)], ""
-            self.finish_reason = "stop"
-            self.state.engine.abort(self.rid, discard=True)
-            return text
-        keep = 0 if finished else self.hold
-        cut = len(self.held) - keep
-        text, self.held = self.held[:cut], self.held[cut:]
-        return text
+        return out.text
 
     async def close(self, watcher: asyncio.Task[None]) -> None:
         """Stop watching, abort (no-op if it ended), count the outcome."""
@@ -115,7 +122,7 @@ def _add(state: ServerState, gen: Generation) -> tuple[str, float]:
     try:
         added_s = state.engine.engine.now()
         rid = state.engine.add_request(
-            list(gen.prompt_ids), max_tokens=gen.max_tokens, sampling=gen.sampling
+            list(gen.prompt_ids), max_tokens=gen.max_tokens, sampling=gen.sampling, stop=gen.stop
         )
     except QueueFullError as err:
         state.metrics.requests.labels("refused_503").inc()
@@ -200,43 +207,125 @@ def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-async def _json_body(request: Request) -> Any:
+class _ErrorResponse(JSONResponse):
+    """An error body as ASCII JSON: a message quoting a client's lone surrogate
+    still encodes (Starlette's JSONResponse writes raw UTF-8)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
+def _error_response(err: ApiError) -> Response:
+    return _ErrorResponse(err.body(), status_code=err.status)
+
+
+async def _read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
+    """The request's body: at most ``max_bytes``, within ``timeout_s``.
+
+    A declared ``Content-Length`` over the limit is refused before any byte is
+    read, a chunked body as soon as it passes the limit.
+
+    Raises:
+        ApiError: 413 when it is too large, 408 when it does not arrive in time.
+        ClientDisconnect: when the client leaves first.
+    """
+    # NOTE: not FastAPI's max_body_size: its 413 is plain text, and it replaces the
+    # app's JSON answer whenever the declared length is over the limit.
+    too_large = ApiError(
+        413, f"the request body exceeds {max_bytes} bytes (--max-request-bytes)", "body"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise too_large
+        return bytes(body)
+
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the request body is not valid JSON: {err}") from None
+        return await asyncio.wait_for(read(), timeout_s)
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within {timeout_s:g} s (--timeout-request-body)"
+        ) from None
 
 
-def build_app(state: ServerState, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+def build_app(
+    state: ServerState,
+    on_shutdown: Callable[[], None] | None = None,
+    *,
+    max_request_bytes: int | None = None,
+    timeout_request_body_s: float = DEFAULT_TIMEOUT_REQUEST_BODY_S,
+    docs: bool = False,
+) -> FastAPI:
     """The app serving ``state``; closing it (server shutdown) closes the engine
-    and then calls ``on_shutdown`` (e.g. to write the records)."""
+    and then calls ``on_shutdown`` (e.g. to write the records).
+
+    Args:
+        max_request_bytes: largest body (bytes); None: derived from the model's
+            ``max_model_len`` (:func:`roseinfer.serve.protocol.default_max_request_bytes`).
+        timeout_request_body_s: seconds a body may take to arrive.
+        docs: serve ``/docs``, ``/redoc`` and ``/openapi.json`` (off: their pages
+            load Swagger UI and ReDoc from a CDN).
+    """
+    if max_request_bytes is None:
+        max_request_bytes = protocol.default_max_request_bytes(state.model.max_model_len)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await asyncio.to_thread(state.engine.close)
+        state.parser.shutdown(wait=False, cancel_futures=True)
         if on_shutdown is not None:
             on_shutdown()
 
-    app = FastAPI(title="rose-serve", lifespan=lifespan)
+    app = FastAPI(
+        title="rose-serve",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.rose = state
-    _routes(app, state)
+    _error_handlers(app)
+    _routes(app, state, max_request_bytes, timeout_request_body_s)
     return app
 
 
-def _routes(app: FastAPI, state: ServerState) -> None:
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, err: ApiError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+    async def api_error(request: Request, err: ApiError) -> Response:
+        return _error_response(err)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        return _error_response(ApiError(err.status_code, str(err.detail)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, err: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # nobody reads it; nothing to log
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, err: Exception) -> Response:
+        # NOTE: the body says nothing of the server; Starlette re-raises, so the log keeps it
+        return _error_response(ApiError(500, "internal server error"))
+
+
+def _routes(app: FastAPI, state: ServerState, max_bytes: int, timeout_s: float) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        gen = _parse(state, protocol.parse_completion, await _json_body(request))
+        raw = await _read_body(request, max_bytes, timeout_s)
+        gen = await _parse(state, protocol.parse_completion, raw)
         return await _generate(request, gen, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        gen = _parse(state, protocol.parse_chat, await _json_body(request))
+        raw = await _read_body(request, max_bytes, timeout_s)
+        gen = await _parse(state, protocol.parse_chat, raw)
         return await _generate(request, gen, chat=True)
 
     @app.get("/v1/models")
@@ -261,11 +350,80 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def _parse(
-    state: ServerState, parse: Callable[[Any, ModelContext], Generation], body: Any
+async def _parse(
+    state: ServerState, parse: Callable[[Any, ModelContext], Generation], raw: bytes
 ) -> Generation:
+    """Decode, check and tokenize a body on the parser thread (off the event loop)."""
+    loop = asyncio.get_running_loop()
     try:
-        return parse(body, state.model)
+        return await loop.run_in_executor(state.parser, _decode_and_parse, state, parse, raw)
     except ApiError:
         state.metrics.requests.labels("refused_400").inc()
         raise
+
+
+def _decode_and_parse(
+    state: ServerState, parse: Callable[[Any, ModelContext], Generation], raw: bytes
+) -> Generation:
+    return parse(protocol.decode_body(raw), state.model)
+
+
+# ------------------------------------------------------------------ uvicorn
+class HeadTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on request heads.
+
+    uvicorn arms ``timeout_keep_alive`` only after a response and disarms it on
+    any byte, so a connection that sends half a head, or one byte every few
+    seconds, stays open for good (slowloris). Here a connection with no request
+    in progress is closed ``timeout_keep_alive`` seconds after it opened or after
+    its previous response, whatever it sends meanwhile.
+    """
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_response_complete(self) -> None:
+        self._arm_head_timer()
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.cycle is None or self.cycle.response_complete:  # no request in progress
+            self.timeout_keep_alive_handler()
+
+
+def server_config(
+    app: FastAPI,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    timeout_keep_alive_s: int = 5,
+    limit_concurrency: int | None = None,
+) -> uvicorn.Config:
+    """uvicorn's config for ``app``: h11 with :class:`HeadTimeoutH11Protocol`,
+    ``timeout_keep_alive_s`` (idle connections and request heads) and
+    ``limit_concurrency`` (connections and tasks at once; more get 503)."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=HeadTimeoutH11Protocol,
+        timeout_keep_alive=timeout_keep_alive_s,
+        limit_concurrency=limit_concurrency,
+    )

@@ -10,14 +10,22 @@ Takes ``rose-run``'s policy, scheduler and executor flags. Examples::
 Built-in models have random weights and no tokenizer: their text is the
 synthetic word vocabulary of :mod:`roseinfer.serve.tokenizer` (token ``i`` is
 the word ``t<i>``), or use ``--tokenizer DIR`` with a tokenizer saved locally.
+
+Every flag is checked before any model work (the address is bound once as a
+probe). Records are written as requests end (``--save-records``), so memory
+stays flat however long the server runs. If the engine fails (a policy raises),
+every open stream gets the error and the process exits with status 1 and one
+``rose-serve: error:`` line, for a supervisor to restart it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see roseinfer.executor.cli
 
@@ -26,10 +34,12 @@ import torch  # noqa: E402
 from roseinfer.calibration.steplog import StepRecorder  # noqa: E402
 from roseinfer.cli import (  # noqa: E402
     MAX_SEED,
+    POSITIVE,
     ArgumentParser,
     CliError,
     add_engine_args,
     config_facts,
+    float_in,
     int_in,
     policy_options,
     run_main,
@@ -46,13 +56,19 @@ from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.facts import model_spec_of, step_log_recorder  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
+from roseinfer.records import RecordFileWriter  # noqa: E402
 from roseinfer.registry import Registry  # noqa: E402
+from roseinfer.serve.protocol import DEFAULT_TIMEOUT_REQUEST_BODY_S  # noqa: E402
 
 DEFAULT_MAX_WAITING = 1024  # requests queued before 503s (bounded, unlike an open queue)
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5  # uvicorn's default; a request head takes milliseconds
+CONCURRENCY_SLACK = 64  # connections beyond queued + running requests: /health, /metrics, refusals
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``rose-serve`` argument parser."""
+def build_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
+    """The ``rose-serve`` argument parser (one flag per option ``registry``'s plugins
+    declare; None: the installed plugins)."""
     parser = ArgumentParser(
         prog="rose-serve",
         description="Serve a model with an OpenAI-compatible HTTP API (/v1/completions, "
@@ -60,11 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    g.add_argument("--port", type=int_in(1, 65535), default=8000, help="port (default 8000)")
     g.add_argument("--served-model-name", help="model name in the API (default: --model)")
     g.add_argument(
         "--max-waiting",
-        type=int,
+        metavar="N",
+        type=POSITIVE,
         default=DEFAULT_MAX_WAITING,
         help=f"requests waiting for admission before new ones get 503 (default {DEFAULT_MAX_WAITING})",
     )
@@ -73,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local tokenizer directory, or 'synthetic' (default: the model directory's "
         "tokenizer, else synthetic: token i is the word t<i>)",
     )
-    g.add_argument("--save-records", help="write per-request records at shutdown (.csv/.parquet)")
+    g.add_argument(
+        "--save-records",
+        help="append per-request records to this file as requests end (.csv; .parquet: one "
+        "row group per batch, readable after shutdown)",
+    )
     g.add_argument(
         "--save-steps",
         type=Path,
@@ -81,11 +102,57 @@ def build_parser() -> argparse.ArgumentParser:
         help="write every executed step as a step log while serving (JSON lines; "
         "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
     )
-    g.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
-    add_engine_args(parser)
+    g.add_argument(
+        "--log-level",
+        default="warning",
+        choices=LOG_LEVELS,
+        help="uvicorn log level (default warning)",
+    )
+    g.add_argument(
+        "--docs",
+        action="store_true",
+        help="serve /docs, /redoc and /openapi.json (off by default: their pages load "
+        "Swagger UI and ReDoc from a CDN)",
+    )
+    _add_limit_args(parser.add_argument_group("limits (a public endpoint)"))
+    add_engine_args(parser, registry)
     _add_executor_args(parser.add_argument_group("executor"))
     parser.set_defaults(prefix_caching_hash_algo="sha256")  # clients' prompts: collision-resistant
     return parser
+
+
+def _add_limit_args(g: argparse._ArgumentGroup) -> None:
+    g.add_argument(
+        "--max-request-bytes",
+        metavar="BYTES",
+        type=int_in(1024),
+        help="largest request body (bytes; larger gets 413 as it arrives). Default: room for "
+        "a prompt of max_model_len x 32 characters, each JSON-escaped (6 bytes), plus 1 MiB",
+    )
+    g.add_argument(
+        "--timeout-keep-alive",
+        metavar="S",
+        type=int_in(1, 3600),
+        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+        help="close a connection with no request in progress after this many seconds (of "
+        "opening, or of its last response), even if it trickles bytes (default "
+        f"{DEFAULT_TIMEOUT_KEEP_ALIVE_S}, uvicorn's)",
+    )
+    g.add_argument(
+        "--timeout-request-body",
+        metavar="S",
+        type=float_in(0, 3600, lo_open=True),
+        default=DEFAULT_TIMEOUT_REQUEST_BODY_S,
+        help="seconds a request body may take to arrive (408 after; default "
+        f"{DEFAULT_TIMEOUT_REQUEST_BODY_S:g})",
+    )
+    g.add_argument(
+        "--limit-concurrency",
+        metavar="N",
+        type=POSITIVE,
+        help="most connections and requests at once; more get 503 (default: --max-waiting + "
+        f"--max-num-seqs + {CONCURRENCY_SLACK})",
+    )
 
 
 def _add_executor_args(g: argparse._ArgumentGroup) -> None:
@@ -94,7 +161,8 @@ def _add_executor_args(g: argparse._ArgumentGroup) -> None:
         "--seed",
         type=int_in(0, MAX_SEED),
         default=0,
-        help="weights of built-ins, sampling (default 0)",
+        help="random weights of built-in models, and the sampling of requests without "
+        "their own seed (default 0)",
     )
 
 
@@ -114,6 +182,7 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
         args.model, seed=args.seed, dtype=dtype, device=device
     )
     tokenizer = load_tokenizer(args.tokenizer, model_tokenizer, config)
+    records = RecordFileWriter(args.save_records) if args.save_records is not None else None
     sched_config, runner = build_runner(args, registry, model, config, device, dtype)
     if not args.no_warmup:
         _warm_up(runner, sched_config)
@@ -126,7 +195,10 @@ def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[Streamin
             fit_lengths="off", scheduler_facts=config_facts(sched_config),
         )  # fmt: skip
     engine = Engine(runner, sched_config, registry, seed=args.seed, on_step=recorder)
-    return StreamingEngine(engine, tokenizer, max_waiting=args.max_waiting), config
+    se = StreamingEngine(
+        engine, tokenizer, max_waiting=args.max_waiting, keep_records=False, record_sink=records
+    )
+    return se, config
 
 
 def _serve(args: argparse.Namespace, registry: Registry) -> None:
@@ -137,36 +209,121 @@ def _serve(args: argparse.Namespace, registry: Registry) -> None:
     from roseinfer.serve.protocol import ModelContext
 
     se, config = build_engine(args, registry)
+    sched_config = se.engine.scheduler.config
     ctx = ModelContext(
         name=args.served_model_name or args.model,
         tokenizer=se.tokenizer,
         vocab_size=int(config.vocab_size),  # type: ignore[attr-defined]
-        max_model_len=se.engine.scheduler.config.max_model_len,
+        max_model_len=sched_config.max_model_len,
     )
-    app = build_app(ServerState(se, ctx, ServerMetrics(se)), lambda: _save_outputs(args, se))
+    app = build_app(
+        ServerState(se, ctx, ServerMetrics(se)),
+        lambda: _save_outputs(args, se),
+        max_request_bytes=args.max_request_bytes,
+        timeout_request_body_s=args.timeout_request_body,
+        docs=args.docs,
+    )
+    server = uvicorn.Server(uvicorn_config(args, app, sched_config.max_num_seqs))
     print(
         f"rose-serve: {ctx.name} on {se.engine.runner.device}, policy {se.engine.policy.label}, "
-        f"{se.engine.scheduler.config.num_kv_blocks} KV blocks, http://{args.host}:{args.port}",
+        f"{sched_config.num_kv_blocks} KV blocks, http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    status = run_server(server, se)
+    if status:
+        raise SystemExit(status)
+
+
+def uvicorn_config(args: argparse.Namespace, app: Any, max_num_seqs: int) -> Any:
+    """The ``uvicorn.Config`` of ``app`` the flags describe (``--limit-concurrency``
+    defaults to ``--max-waiting`` + ``max_num_seqs`` + :data:`CONCURRENCY_SLACK`)."""
+    from roseinfer.serve.app import server_config
+
+    limit = args.limit_concurrency or args.max_waiting + max_num_seqs + CONCURRENCY_SLACK
+    return server_config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        timeout_keep_alive_s=args.timeout_keep_alive, limit_concurrency=limit,
+    )  # fmt: skip
+
+
+def run_server(server: Any, se: StreamingEngine) -> int:
+    """Serve until shutdown; returns the exit status: 0, or 1 when the engine failed
+    (after one ``rose-serve: error:`` line).
+
+    Args:
+        server: a ``uvicorn.Server`` over the app serving ``se``.
+    """
+
+    # NOTE(engine faults): a policy that raises inside the scheduler may leave its
+    # queues, KV accounting or its own state half-updated, so the engine does not go
+    # on. The worker already ended every open stream with the error (clients see a
+    # 503 or an error event) and aborted every request; the process then exits
+    # non-zero so a supervisor restarts a clean server, instead of living on with
+    # /health at 503 and every request refused.
+    def stop(err: BaseException) -> None:
+        server.should_exit = True
+
+    se.on_fatal = stop
+    server.run()
+    err = se.error
+    if err is None:
+        return 0
+    message = " ".join(f"{type(err).__name__}: {err}".splitlines())
+    print(
+        f"rose-serve: error: the engine failed ({message}); exiting with status 1 for a "
+        "supervisor to restart the server",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
 
 
 def check_serve_args(args: argparse.Namespace, registry: Registry) -> None:
-    """Every check that needs no model (before torch work): ``--max-waiting``,
-    the KV pool flags, policy knobs, the device, the records path.
+    """Every check that needs no model (before torch work): the address (bound
+    once as a probe), the KV pool flags, policy knobs, the device, the tokenizer
+    directory, the output paths.
 
     Raises:
         CliError: naming the flag and the fix.
     """
-    if args.max_waiting < 1:
-        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
         raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
     policy_options(args, registry)
     resolve_device(args.device)
+    if args.tokenizer not in (None, "synthetic") and not Path(args.tokenizer).is_dir():
+        raise CliError(
+            f"--tokenizer {args.tokenizer!r} is not a directory; give a local directory saved "
+            "with transformers (save_pretrained), or 'synthetic' (downloads are not possible)"
+        )
     _check_output_paths(args)
+    check_listen(args.host, args.port)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` once and let it go, so an address that cannot be served
+    fails before the model loads.
+
+    Raises:
+        CliError: naming ``--host`` or ``--port`` and the fix.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as err:
+        raise CliError(
+            f"--host {host[:60]!r} is not an address: {err}; give an IP address of this "
+            "machine (127.0.0.1: local clients only, 0.0.0.0: every interface) or its name"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as err:
+        raise CliError(
+            f"cannot listen on --host {host} --port {port}: {err.strerror or err}; "
+            "pick a free port, or an address of this machine"
+        ) from None
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:
@@ -182,19 +339,17 @@ def _check_output_paths(args: argparse.Namespace) -> None:
 
 
 def _save_outputs(args: argparse.Namespace, se: StreamingEngine) -> None:
-    """At shutdown: close the step log, write the records."""
+    """At shutdown (after the engine closed): close the step log and the records
+    file (the engine wrote the records as requests ended)."""
     recorder = se.engine.on_step
     if isinstance(recorder, StepRecorder) and recorder.writer is not None:
         recorder.writer.close()
         print(f"rose-serve: wrote {recorder.writer.num_steps} steps to {args.save_steps}",
               file=sys.stderr)  # fmt: skip
-    if args.save_records is None:
-        return
-    from roseinfer.metrics import write_records
-
-    records = se.engine.records.frame().drop(columns=["prompt_token_ids", "output_token_ids"])
-    write_records(records, Path(args.save_records))
-    print(f"rose-serve: wrote {len(records)} records to {args.save_records}", file=sys.stderr)
+    records = se.record_sink
+    if isinstance(records, RecordFileWriter):
+        records.close()
+        print(f"rose-serve: wrote {records.num_rows} records to {records.path}", file=sys.stderr)
 
 
 def main() -> int:

@@ -1,12 +1,14 @@
 """Prometheus metrics of ``rose-serve`` (``/metrics``, the ``prometheus_client`` library).
 
 Engine state is read at scrape time (running, waiting, KV usage, prefix-cache
-hits, preemptions); latencies are observed by the server as tokens stream:
-TTFT from ``add_request`` to the first token's step end, ITL between a
-request's consecutive token step ends, E2EL to the last (seconds, on the
-engine clock). Names follow vLLM's metrics (``vllm:num_requests_running``, ...)
-with the ``roseinfer_`` prefix; bucket edges are those vLLM uses for the same
-histograms (vllm/v1/metrics/loggers.py), cut to the range a CPU run spans.
+hits, preemptions, and with a KV tier the hit rate per tier and the bytes
+offloaded to and loaded from it, labelled ``tier``); latencies are observed by
+the server as tokens stream: TTFT from ``add_request`` to the first token's
+step end, ITL between a request's consecutive token step ends, E2EL to the
+last (seconds, on the engine clock). Names follow vLLM's metrics
+(``vllm:num_requests_running``, ...) with the ``roseinfer_`` prefix; bucket
+edges are those vLLM uses for the same histograms (vllm/v1/metrics/loggers.py),
+cut to the range a CPU run spans.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from roseinfer.executor.streaming import StreamingEngine
+from roseinfer.kv_tiers import kv_tier_summary
 
 TTFT_BUCKETS_S = (
     0.001,
@@ -110,6 +113,35 @@ class _EngineCollector(Collector):
         )
         yield _counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", hits)
         yield _counter("num_preemptions", "Preemptions (by recompute).", sched.num_preemptions)
+        yield from _kv_tier_metrics(bm.kv_tier_counters())
+
+
+def _kv_tier_metrics(counters: dict) -> Iterator[Metric]:
+    """Hit rate per KV tier (device and each tier below it) and bytes moved per tier
+    (``roseinfer.kv_tiers.kv_tier_summary``); nothing without tiers."""
+    if not counters:
+        return
+    summary = kv_tier_summary([counters])
+    rate = GaugeMetricFamily(
+        "roseinfer_kv_tier_hit_rate",
+        "Prompt tokens served from this tier (device: its prefix cache; a lower tier: "
+        "loaded from it) / prompt tokens looked up.",
+        labels=["tier"],
+    )
+    offloaded = CounterMetricFamily(
+        "roseinfer_kv_offloaded_bytes",
+        "Bytes of KV blocks written into this tier (offloads from the device, demotions).",
+        labels=["tier"],
+    )
+    loaded = CounterMetricFamily(
+        "roseinfer_kv_loaded_bytes", "Bytes of KV blocks loaded from this tier.", labels=["tier"]
+    )
+    rate.add_metric(["device"], summary["kv_hit_rate_device"])
+    for name in counters["tiers"]:
+        rate.add_metric([name], summary[f"kv_hit_rate_{name}"])
+        offloaded.add_metric([name], summary[f"kv_offloaded_bytes_{name}"])
+        loaded.add_metric([name], summary[f"kv_loaded_bytes_{name}"])
+    yield from (rate, offloaded, loaded)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -6,10 +6,18 @@ token-id prompts). A field the engine cannot honour is refused (400 naming it)
 rather than ignored: ``n`` > 1, ``logprobs``, ``echo``, penalties. Unknown
 fields are ignored, as OpenAI-compatible servers do. Python's silent
 conversions are refused: ``max_tokens`` 2.5 or ``true``, float token ids.
+
+Parsing is bounded before it is costly: a body is decoded with integers over
+:data:`MAX_INT_DIGITS` digits kept as text (no quadratic conversion) and
+nesting limited by the recursion limit; every cheap field is checked before the
+prompt is tokenized; a prompt longer than ``max_model_len`` tokens, or a text
+longer than ``max_model_len * MAX_CHARS_PER_TOKEN`` characters, is refused
+before tokenizing (the exact token count is checked after).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -17,10 +25,30 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
-from roseinfer.executor.validation import InvalidRequestError, check_sampling, check_token_ids
+from roseinfer.executor.validation import (
+    InvalidRequestError,
+    StopTokenIds,
+    check_sampling,
+    check_sampling_values,
+    check_stop,
+    check_stop_token_ids,
+    check_text,
+    check_token_ids,
+)
 from roseinfer.request import SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# NOTE: characters per token, generously: tokenizers average 3-5 characters per token
+# on text and code; only long runs of one character pack more. A text over
+# max_model_len * this is refused untokenized: it cannot fit, and tokenizing it costs.
+MAX_CHARS_PER_TOKEN = 32
+MAX_INT_DIGITS = 100  # longer JSON integers stay text: no field takes one (seeds have 20)
+# JSON bytes of one character at most: "\uXXXX" (ensure_ascii clients escape every non-ASCII)
+MAX_JSON_BYTES_PER_CHAR = 6
+REQUEST_BYTES_SLACK = 1 << 20  # the other fields: stop strings, messages' framing, options
+DEFAULT_TIMEOUT_REQUEST_BODY_S = (
+    30.0  # s for a body: the 2.5 MiB default at 8192 tokens, 0.7 Mbit/s
+)
 # Fields accepted only at their no-op value: (name, allowed values).
 NO_OP_FIELDS: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("n", (None, 1)),
@@ -60,6 +88,46 @@ def bad(field: str, message: str) -> ApiError:
     return ApiError(400, f"{field}: {message}", param=field)
 
 
+def default_max_request_bytes(max_model_len: int) -> int:
+    """The default body limit (bytes): room for a prompt of the most characters
+    parsing takes (``max_model_len * MAX_CHARS_PER_TOKEN``), each JSON-escaped
+    (``MAX_JSON_BYTES_PER_CHAR``), plus :data:`REQUEST_BYTES_SLACK` for the rest."""
+    return max_model_len * MAX_CHARS_PER_TOKEN * MAX_JSON_BYTES_PER_CHAR + REQUEST_BYTES_SLACK
+
+
+class HugeInt:
+    """A JSON integer of more than :data:`MAX_INT_DIGITS` digits, kept as its
+    digit count: every field refuses it by name."""
+
+    __slots__ = ("num_digits",)
+
+    def __init__(self, text: str) -> None:
+        self.num_digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.num_digits} digits"
+
+
+def _parse_int(text: str) -> int | HugeInt:
+    return HugeInt(text) if len(text) > MAX_INT_DIGITS else int(text)
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object.
+
+    Raises:
+        ApiError: 400 if it is not JSON (also: not UTF-8, nested deeper than the
+            recursion limit), or not an object.
+    """
+    try:
+        body = json.loads(raw, parse_int=_parse_int)
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ApiError(400, f"the request body is not valid JSON: {str(err)[:200]}") from None
+    return _object(body)
+
+
 @dataclass(frozen=True, slots=True)
 class Generation:
     """One request, as the engine takes it.
@@ -68,7 +136,8 @@ class Generation:
         prompt_ids: prompt token ids.
         max_tokens: most output tokens.
         sampling: sampling parameters (checked).
-        stop: stop strings (the text is cut before the first one found).
+        stop: stop strings (checked; the engine cuts the text before the first one
+            found and finishes the request there).
         stream: answer as server-sent events.
         include_usage: streaming: send a usage chunk before ``[DONE]``.
     """
@@ -90,13 +159,20 @@ class ModelContext:
     vocab_size: int
     max_model_len: int
 
+    @property
+    def max_prompt_chars(self) -> int:
+        """Most characters of text tokenized for one request (see :data:`MAX_CHARS_PER_TOKEN`)."""
+        return self.max_model_len * MAX_CHARS_PER_TOKEN
+
 
 def _int(body: dict[str, Any], field: str, default: int | None) -> int | None:
     value = body.get(field)
     if value is None:
         return default
+    if isinstance(value, HugeInt):
+        raise bad(field, f"must be an integer of at most {MAX_INT_DIGITS} digits, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise bad(field, f"must be an integer, got {value!r}")
+        raise bad(field, f"must be an integer, got {_clip(value)}")
     return int(value)
 
 
@@ -105,8 +181,22 @@ def _number(body: dict[str, Any], field: str, default: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise bad(field, f"must be a finite number, got {value!r}")
+        raise bad(field, f"must be a finite number, got {_clip(value)}")
     return float(value)
+
+
+def _clip(value: Any, max_chars: int = 60) -> str:
+    """``repr(value)`` cut to ``max_chars``: a message never echoes a huge value."""
+    text = repr(value)
+    return text if len(text) <= max_chars else f"{text[:max_chars]}... ({len(text)} characters)"
+
+
+def _checked(check: Any, *args: Any) -> Any:
+    """``check(*args)`` with its :class:`InvalidRequestError` as a 400 naming the field."""
+    try:
+        return check(*args)
+    except InvalidRequestError as err:
+        raise bad(err.field, str(err).removeprefix(f"{err.field} ")) from None
 
 
 def _bool(body: dict[str, Any], field: str, default: bool) -> bool:
@@ -135,24 +225,42 @@ def _check_no_ops(body: dict[str, Any]) -> None:
 
 
 def encode_text(text: str, ctx: ModelContext, field: str = "prompt") -> tuple[int, ...]:
-    """Token ids of ``text``; refuses words the synthetic vocabulary lacks.
+    """Token ids of ``text``; refuses a text too long to tokenize, a lone surrogate,
+    and words the synthetic vocabulary lacks (named as the tokenizer split them).
 
     Raises:
         ApiError: 400 naming ``field``.
     """
-    ids = ctx.tokenizer.encode(text, add_special_tokens=False)
-    unk = getattr(ctx.tokenizer, "unk_token_id", None)
-    if getattr(ctx.tokenizer, "is_synthetic", False) and unk in ids:
-        word = next(w for w in text.split() if ctx.tokenizer.convert_tokens_to_ids(w) == unk)
+    if len(text) > ctx.max_prompt_chars:
         raise bad(
             field,
-            f"{word[:40]!r} is not a word of this random-weight model's synthetic vocabulary "
-            f"(t0 .. t{ctx.vocab_size - 1}); send token ids, or start rose-serve with "
-            "--tokenizer DIR",
+            f"has {len(text)} characters; at most {ctx.max_prompt_chars} are tokenized "
+            f"(max_model_len {ctx.max_model_len} x {MAX_CHARS_PER_TOKEN} characters per token)",
+        )
+    _checked(check_text, text, field)
+    try:
+        ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+    except Exception as err:  # noqa: BLE001 - the client's text, not the server, is at fault
+        raise bad(field, f"could not be tokenized: {str(err)[:200]}") from None
+    unk = getattr(ctx.tokenizer, "unk_token_id", None)
+    if getattr(ctx.tokenizer, "is_synthetic", False) and isinstance(unk, int) and unk in ids:
+        raise bad(
+            field,
+            f"{_unknown_word(text, ctx, unk)!r} is not a word of this random-weight model's "
+            f"synthetic vocabulary (t0 .. t{ctx.vocab_size - 1}); send token ids, or start "
+            "rose-serve with --tokenizer DIR",
         )
     if not ids:
         raise bad(field, "must not be empty")
     return tuple(ids)
+
+
+def _unknown_word(text: str, ctx: ModelContext, unk: int) -> str:
+    """The first word of ``text`` the tokenizer maps to ``unk``, as the tokenizer
+    split it (``str.split`` splits on other characters, e.g. ``\\x1f``)."""
+    enc = ctx.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    start, end = enc["offset_mapping"][enc["input_ids"].index(unk)]
+    return text[start:end][:40]
 
 
 def _prompt_ids(prompt: Any, ctx: ModelContext) -> tuple[int, ...]:
@@ -162,56 +270,72 @@ def _prompt_ids(prompt: Any, ctx: ModelContext) -> tuple[int, ...]:
         raise bad("prompt", "batches of prompts are not supported; send one request per prompt")
     if isinstance(prompt, str):
         return encode_text(prompt, ctx)
-    try:
-        return check_token_ids(prompt, ctx.vocab_size)
-    except InvalidRequestError as err:
-        raise bad("prompt", str(err).removeprefix("prompt ")) from None
+    return _checked(check_token_ids, prompt, ctx.vocab_size, "prompt", ctx.max_model_len - 1)
 
 
 def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad("stop", f"must be a non-empty string or a list of them, got {stop!r}")
-    return tuple(stops)
+    if not isinstance(stop, (str, list)):
+        raise bad("stop", f"must be a non-empty string or a list of them, got {_clip(stop)}")
+    return _checked(check_stop, stop)
 
 
-def _sampling(body: dict[str, Any], eos_token_id: int | None) -> SamplingParams:
+def _sampling(body: dict[str, Any], ctx: ModelContext) -> SamplingParams:
     temperature = _number(body, "temperature", 1.0)
     top_p = _number(body, "top_p", 1.0)
     top_k = _int(body, "top_k", -1)
-    if temperature < 0:
-        raise bad("temperature", f"must be >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise bad("top_p", f"must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < -1:
-        raise bad("top_k", f"must be >= 0, or -1 (no limit), got {top_k}")
+    if top_k is not None and top_k > ctx.vocab_size:  # NOTE: the same tokens: all of them
+        top_k = ctx.vocab_size
     ignore_eos = _bool(body, "ignore_eos", False)
-    stop_ids = body.get("stop_token_ids") or []
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is None:
+        stop_ids = []
     if not isinstance(stop_ids, list):
-        raise bad("stop_token_ids", f"must be a list of token ids, got {stop_ids!r}")
-    if eos_token_id is not None and not ignore_eos:
-        stop_ids = [*stop_ids, eos_token_id]
+        raise bad("stop_token_ids", f"must be a list of token ids, got {_clip(stop_ids)}")
+    stop_ids = list(_checked(check_stop_token_ids, stop_ids))
+    eos = getattr(ctx.tokenizer, "eos_token_id", None)
+    if isinstance(eos, int) and not ignore_eos:
+        stop_ids.append(eos)
     # NOTE: the engine's ignore_eos turns every stop id off; here it drops EOS only (vLLM's meaning).
+    _checked(check_sampling_values, temperature, top_p, top_k)
     params = SamplingParams(
         temperature=temperature,
         top_k=top_k if top_k is not None else -1,
         top_p=top_p,
         seed=_int(body, "seed", None),
         ignore_eos=not stop_ids,
-        stop_token_ids=tuple(stop_ids),
+        stop_token_ids=StopTokenIds(stop_ids),
     )
-    try:
-        check_sampling(params)
-    except InvalidRequestError as err:
-        raise bad(err.field, str(err).removeprefix(f"{err.field} ")) from None
+    _checked(check_sampling, params)
     return params
 
 
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """A body's fields other than the prompt and ``max_tokens``, checked."""
+
+    sampling: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _options(body: dict[str, Any], ctx: ModelContext) -> _Options:
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad("stream_options", f"must be an object, got {_clip(options)}")
+    return _Options(
+        sampling=_sampling(body, ctx),
+        stop=_stop(body),
+        stream=_bool(body, "stream", False),
+        include_usage=_bool(options, "include_usage", False),
+    )
+
+
 def _generation(
-    body: dict[str, Any], ids: tuple[int, ...], max_tokens: int | None, ctx: ModelContext
+    ids: tuple[int, ...], max_tokens: int | None, options: _Options, ctx: ModelContext
 ) -> Generation:
     room = ctx.max_model_len - len(ids)
     if room < 1:
@@ -228,22 +352,19 @@ def _generation(
             f"{max_tokens} + {len(ids)} prompt tokens > max_model_len {ctx.max_model_len}; "
             f"use at most {room}",
         )
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise bad("stream_options", f"must be an object, got {options!r}")
-    eos = getattr(ctx.tokenizer, "eos_token_id", None)
     return Generation(
         prompt_ids=ids,
         max_tokens=max_tokens,
-        sampling=_sampling(body, eos if isinstance(eos, int) else None),
-        stop=_stop(body),
-        stream=_bool(body, "stream", False),
-        include_usage=_bool(options, "include_usage", False),
+        sampling=options.sampling,
+        stop=options.stop,
+        stream=options.stream,
+        include_usage=options.include_usage,
     )
 
 
 def parse_completion(body: Any, ctx: ModelContext) -> Generation:
-    """A ``/v1/completions`` body as engine arguments.
+    """A ``/v1/completions`` body as engine arguments; every other field is checked
+    before the prompt is tokenized.
 
     Raises:
         ApiError: 400 naming the bad field, 404 for another model's name.
@@ -253,13 +374,14 @@ def parse_completion(body: Any, ctx: ModelContext) -> Generation:
     _check_no_ops(body)
     if "prompt" not in body:
         raise bad("prompt", "is required (text or a list of token ids)")
-    ids = _prompt_ids(body["prompt"], ctx)
-    return _generation(body, ids, _int(body, "max_tokens", DEFAULT_MAX_TOKENS), ctx)
+    max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS)
+    options = _options(body, ctx)
+    return _generation(_prompt_ids(body["prompt"], ctx), max_tokens, options, ctx)
 
 
 def parse_chat(body: Any, ctx: ModelContext) -> Generation:
     """A ``/v1/chat/completions`` body as engine arguments (the tokenizer's chat
-    template renders ``messages``).
+    template renders ``messages``, once their text is checked and bounded).
 
     Raises:
         ApiError: 400 naming the bad field, or when the tokenizer has no chat template.
@@ -272,12 +394,31 @@ def parse_chat(body: Any, ctx: ModelContext) -> Generation:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(_is_message(m) for m in messages):
         raise bad("messages", "must be a non-empty list of {role, content: string} objects")
-    text = ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    ids = encode_text(text, ctx, field="messages")
     max_tokens = _int(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", None)
-    return _generation(body, ids, max_tokens, ctx)
+    options = _options(body, ctx)
+    return _generation(_chat_ids(messages, ctx), max_tokens, options, ctx)
+
+
+def _chat_ids(messages: list[dict[str, Any]], ctx: ModelContext) -> tuple[int, ...]:
+    num_chars = sum(len(m["role"]) + len(m["content"]) for m in messages)
+    if num_chars > ctx.max_prompt_chars:
+        raise bad(
+            "messages",
+            f"have {num_chars} characters; at most {ctx.max_prompt_chars} are tokenized "
+            f"(max_model_len {ctx.max_model_len} x {MAX_CHARS_PER_TOKEN} characters per token)",
+        )
+    for m in messages:
+        _checked(check_text, m["role"], "messages")
+        _checked(check_text, m["content"], "messages")
+    try:
+        text = ctx.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as err:  # noqa: BLE001 - a template refusing the messages (e.g. roles)
+        raise bad("messages", f"the chat template refused them: {str(err)[:200]}") from None
+    return encode_text(text, ctx, field="messages")
 
 
 def _is_message(m: Any) -> bool:

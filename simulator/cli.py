@@ -54,6 +54,7 @@ from roseinfer.cli import (
     scheduler_knobs,
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE, SchedulerConfig
+from roseinfer.kv_tiers import kv_tier_summary
 from roseinfer.registry import Registry
 from roseinfer.sequence import Sequence
 from roseinfer.simulator.cluster_cli import (
@@ -317,9 +318,11 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         registry,
         num_kv_blocks=setup.num_kv_blocks,
         max_model_len=setup.max_model_len,
+        kv_bytes_per_token=model.kv_bytes_per_token,
     )
     if wants_cluster(args):
-        specs = replica_specs(args, config, f"{model.name}@{setup.device_name}", cost_model)
+        name = f"{model.name}@{setup.device_name}"
+        specs = replica_specs(args, config, name, cost_model, model.kv_bytes_per_token)
         facts = {"backend": "sim", "workload": workload_name, **setup.extra}
         title = f"rose-sim: {config.policy} | {workload_name}"
         run_cluster(args, registry, requests, specs, title=title, extra=facts)
@@ -349,6 +352,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         **config_facts(config),
         "sim_wall_s": result.wall_s,
         "num_steps": result.num_steps,
+        **kv_tier_summary([result.scheduler.block_manager.kv_tier_counters()]),
     }
     title = f"rose-sim: {result.policy} | {workload_name} | {model.name} on {setup.device_name}"
     report(

@@ -12,6 +12,15 @@ is planned at its start and applied at its end; a request routed meanwhile
 waits for the end of that step. Uneventful decode runs stop at the step in
 which the next cluster arrival falls (it may be routed there).
 
+With prefill and decode replicas (``ReplicaSpec.role``) the cluster is
+disaggregated (``roseinfer.simulator.disaggregation``): an arriving request is
+routed to a prefill replica, which computes its prompt and first token; when
+that step ends the router picks a decode replica for it, the KV moves there
+(:class:`~roseinfer.simulator.disaggregation.KVTransfer`), and the request joins
+that replica's queue when the KV has arrived, a fourth kind of event taken in
+time order with the arrivals. A decode run then also stops at the next KV
+arrival or the end of the next prefill step in flight.
+
 The router reads each replica through a :class:`~roseinfer.routing.ReplicaView`
 refreshed at most every ``router_staleness_s`` simulated seconds (0: at every
 arrival); prefix-cache contents are always read live (see
@@ -31,6 +40,7 @@ import pandas as pd
 
 from roseinfer.block_manager import compute_block_hashes
 from roseinfer.calibration.cost_model import CostModel
+from roseinfer.calibration.specs import LinkSpec
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, apply_step, plan_step
 from roseinfer.interface import PolicyError
@@ -38,8 +48,18 @@ from roseinfer.metrics import LogHistogram, summarize
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
-from roseinfer.routing import ReplicaView, Router
+from roseinfer.routing import ROLES, ReplicaView, Router
 from roseinfer.scheduler import Scheduler, SchedulerOutput
+from roseinfer.sequence import SeqStatus, Sequence
+from roseinfer.simulator.disaggregation import (
+    Handoff,
+    KVTransfer,
+    decode_stage,
+    handoff_gaps_s,
+    merge_stages,
+    prefill_stage,
+    stage_report,
+)
 from roseinfer.simulator.engine import CostModelBackend
 
 
@@ -51,11 +71,33 @@ class ReplicaSpec:
         name: label in summaries, e.g. ``llama-3.1-8b@h100-sxm``.
         config: its scheduler config (KV pool, limits, policy).
         cost_model: prices its steps.
+        role: ``mixed`` (whole requests), ``prefill`` or ``decode``
+            (disaggregated; ``roseinfer.routing.ROLES``). A decode replica
+            runs the ``mixed`` loop order whatever the config says: a request
+            handed to it computes one token (the KV of its first output) in
+            the running batch, as DistServe's and vLLM's decode instances do.
+        kv_bytes_per_token: bytes of KV one token takes, all GPUs of the
+            replica together (prices KV handoffs; needed by prefill replicas).
+        num_gpus: GPUs the replica spans (tensor x pipeline parallel size);
+            a handoff moves each GPU's shard over its own link.
+
+    Raises:
+        ValueError: on an unknown role, a negative ``kv_bytes_per_token`` or
+            fewer than one GPU.
     """
 
     name: str
     config: SchedulerConfig
     cost_model: CostModel
+    role: str = "mixed"
+    kv_bytes_per_token: float = 0.0
+    num_gpus: int = 1
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"replica {self.name}: role must be one of {ROLES}, got {self.role!r}")
+        if not self.kv_bytes_per_token >= 0 or self.num_gpus < 1:
+            raise ValueError(f"replica {self.name}: kv_bytes_per_token >= 0 and num_gpus >= 1")
 
 
 class _Replica:
@@ -64,7 +106,10 @@ class _Replica:
     def __init__(
         self, index: int, spec: ReplicaSpec, registry: Registry, jump: bool, keep_token_times: bool
     ) -> None:
-        policy = registry.make(spec.config.policy, spec.config.loop_order, spec.config.options)
+        # a decode replica's newcomers join its running batch (DistServe's and vLLM's
+        # decode instances): their one uncomputed token is no phase of its own
+        loop_order = "mixed" if spec.role == "decode" else spec.config.loop_order
+        policy = registry.make(spec.config.policy, loop_order, spec.config.options)
         self.index, self.spec, self.policy_label = index, spec, policy.label
         self.scheduler = Scheduler(spec.config, policy, policy.label)
         self.backend = CostModelBackend(spec.cost_model, jump=jump)
@@ -77,12 +122,18 @@ class _Replica:
         self.routed_tokens = 0  # prompt + output tokens of requests routed here
         self.ended_tokens = 0  # ... of which ended
         self.num_routed = 0
+        self.busy_s = 0.0  # simulated seconds spent in steps
+        self.prefilled: list[Sequence] = []  # prefill role: stages ended, to hand off
 
-    def add(self, request: Request, block_hashes: dict[int, list[int]]) -> None:
-        """Queue ``request`` at its arrival time, handing over the prompt block
-        hashes the router computed (by block size) so they are not hashed twice."""
+    def book(self, request: Request) -> None:
+        """Count ``request`` as routed here (the router's load view) from now on."""
         self.routed_tokens += request.max_num_tokens
         self.num_routed += 1
+
+    def add(self, request: Request, block_hashes: dict[int, list[int]]) -> None:
+        """Queue ``request`` (booked already) at its arrival time, handing over the
+        prompt block hashes the router computed (by block size) so they are not
+        hashed twice."""
         seq = self.scheduler.add_request(request, request.arrival_time_s)
         hashes = block_hashes.get(self.spec.config.block_size)
         if hashes is not None and seq.block_hashes is None:
@@ -110,10 +161,13 @@ class _Replica:
             return
         self.pending = (out, result)
         self.start_s, self.time_s = now, float(result.end_times_s[-1])
+        self.busy_s += self.time_s - now
 
     def _flush(self) -> None:
         ended = self.scheduler.pop_ended()
         if ended:
+            if self.spec.role == "prefill":
+                self.prefilled += [s for s in ended if s.status is SeqStatus.FINISHED]
             self.ended_tokens += sum(s.request.max_num_tokens for s in ended)
             self.records.extend(ended, self.scheduler.step_log)
             self.scheduler.release_steps()
@@ -140,6 +194,7 @@ class _Replica:
             block_size=cfg.block_size,
             max_model_len=cfg.max_model_len,
             prefix_blocks=prefix_blocks,
+            role=self.spec.role,
         )
 
 
@@ -159,6 +214,13 @@ class ClusterResult:
         itl: without kept token times, the inter-token gaps of the whole cluster
             as a histogram (``summarize(records, itl=result.itl)``), and
             ``replica_itl`` each replica's.
+        busy_s: simulated seconds each replica spent in steps.
+        stage_records: disaggregated runs only: each replica's own rows (a
+            request's prefill and decode stages apart, column ``stage``), of
+            which ``records`` joins each request's two rows into one.
+        disaggregation: disaggregated runs only: per-stage queueing and KV
+            transfer figures (``roseinfer.simulator.disaggregation.stage_report``).
+        handoffs: disaggregated runs only: every KV handoff, in the order made.
     """
 
     records: pd.DataFrame
@@ -171,6 +233,10 @@ class ClusterResult:
     info: dict[str, object] = field(default_factory=dict)
     itl: LogHistogram | None = None
     replica_itl: list[LogHistogram | None] = field(default_factory=list)
+    busy_s: list[float] = field(default_factory=list)
+    stage_records: pd.DataFrame | None = None
+    disaggregation: dict[str, float | str | int] | None = None
+    handoffs: list[Handoff] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -182,14 +248,21 @@ class ClusterResult:
         return max(ends) - first
 
     def replica_summaries(self, goodput: dict[str, float] | None = None) -> pd.DataFrame:
-        """One summary row per replica (``summarize`` keys plus ``replica``, ``name``),
-        each over the cluster's duration so throughputs add up."""
+        """One summary row per replica (``summarize`` keys plus ``replica``, ``name``,
+        ``role`` and ``utilization``, the fraction of the duration it spent in
+        steps), each over the cluster's duration so throughputs add up. A
+        disaggregated replica's row summarizes the stage it served (a prefill
+        replica's TTFT, a decode replica's TPOT)."""
         rows = []
+        own = self.records if self.stage_records is None else self.stage_records
+        duration = self.duration_s
         for i, spec in enumerate(self.replicas):
-            mine = self.records[self.records["replica"] == i]
+            mine = own[own["replica"] == i]
             itl = self.replica_itl[i] if self.replica_itl else None
-            summary = summarize(mine, duration_s=self.duration_s, goodput=goodput, itl=itl)
-            rows.append({"replica": i, "name": spec.name, **summary})
+            summary = summarize(mine, duration_s=duration, goodput=goodput, itl=itl)
+            busy = self.busy_s[i] / duration if self.busy_s and duration > 0 else float("nan")
+            rows.append({"replica": i, "name": spec.name, "role": spec.role,
+                         "utilization": busy, **summary})  # fmt: skip
         return pd.DataFrame(rows)
 
 
@@ -206,9 +279,14 @@ class ClusterSimulator:
             (0 = fresh at every arrival).
         keep_token_times: keep every token's time in the records; False keeps an
             ITL histogram per replica instead (memory flat in trace length).
+        decode_router: disaggregated: routes the decode stage (default: a second
+            instance of ``router``'s class with its options).
+        kv_transfer_link: disaggregated: the link KV handoffs cross.
 
     Raises:
-        ValueError: on no replicas or a negative staleness.
+        ValueError: on no replicas, a negative staleness, or a disaggregated
+            cluster without prefill or decode replicas, with mixed ones, or
+            without ``kv_transfer_link`` or the prefill replicas' KV size.
     """
 
     def __init__(
@@ -220,6 +298,8 @@ class ClusterSimulator:
         jump: bool = True,
         router_staleness_s: float = 0.0,
         keep_token_times: bool = True,
+        decode_router: Router | None = None,
+        kv_transfer_link: LinkSpec | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -231,6 +311,9 @@ class ClusterSimulator:
         self.jump = jump
         self.router_staleness_s = router_staleness_s
         self.keep_token_times = keep_token_times
+        self.disaggregated = _check_roles(self.specs, kv_transfer_link)
+        self.decode_router = decode_router or type(router)(router.seed, router.options)
+        self.kv_transfer_link = kv_transfer_link
 
     def run(self, requests: SequenceABC[Request]) -> ClusterResult:
         """Simulate ``requests`` (any order) to completion.
@@ -243,14 +326,30 @@ class ClusterSimulator:
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         keep = self.keep_token_times
         reps = [_Replica(i, s, self.registry, self.jump, keep) for i, s in enumerate(self.specs)]
-        _EventLoop(reps, self.router, self.router_staleness_s).run(reqs)
+        transfer = None
+        if self.disaggregated:
+            assert self.kv_transfer_link is not None
+            transfer = KVTransfer(self.kv_transfer_link, len(reps))
+        loop = _EventLoop(reps, self.router, self.router_staleness_s, self.decode_router, transfer)
+        loop.run(reqs)
         frames = []
         for rep in reps:
             rep.scheduler.check_invariants()
             frame = rep.records.frame()
             frame["replica"] = rep.index
+            if self.disaggregated:
+                frame["stage"] = rep.spec.role
             frames.append(frame)
         records = pd.concat(frames, ignore_index=True)
+        itl = _merged([rep.records.itl for rep in reps])
+        stages, report = None, None
+        if transfer is not None:
+            stages, report = records, stage_report(records, loop.handoffs, transfer.link)
+            records = merge_stages(records, loop.handoffs)
+            if itl is not None:  # the gaps across handoffs are no replica's
+                itl = _merged([itl])
+                assert itl is not None
+                itl.add(handoff_gaps_s(stages))
         records = records.sort_values("arrival_s", kind="stable").reset_index(drop=True)
         labels = list(dict.fromkeys(rep.policy_label for rep in reps))
         return ClusterResult(
@@ -262,16 +361,54 @@ class ClusterSimulator:
             wall_s=time.perf_counter() - start,
             num_steps=sum(rep.scheduler.step_log.num_steps for rep in reps),
             info={"routed": [rep.num_routed for rep in reps]},
-            itl=_merged([rep.records.itl for rep in reps]),
+            itl=itl,
             replica_itl=[rep.records.itl for rep in reps],
+            busy_s=[rep.busy_s for rep in reps],
+            stage_records=stages,
+            disaggregation=report,
+            handoffs=loop.handoffs,
         )
+
+
+def _check_roles(specs: list[ReplicaSpec], link: LinkSpec | None) -> bool:
+    """True for a disaggregated cluster (prefill and decode replicas).
+
+    Raises:
+        ValueError: on a mix of roles that cannot serve every request, or a
+            disaggregated cluster without a link or without the KV size.
+    """
+    roles = {s.role for s in specs}
+    if roles == {"mixed"}:
+        return False
+    if roles != {"prefill", "decode"}:
+        raise ValueError(
+            f"a disaggregated cluster needs prefill and decode replicas and no mixed ones; "
+            f"got roles {sorted(roles)}"
+        )
+    if link is None:
+        raise ValueError("a disaggregated cluster needs the link its KV handoffs cross")
+    if any(s.role == "prefill" and not s.kv_bytes_per_token > 0 for s in specs):
+        raise ValueError("a prefill replica needs kv_bytes_per_token > 0 to price its handoffs")
+    return True
 
 
 class _EventLoop:
     """The cluster's event loop (see the module docstring for the order of events)."""
 
-    def __init__(self, replicas: list[_Replica], router: Router, staleness_s: float) -> None:
+    def __init__(
+        self,
+        replicas: list[_Replica],
+        router: Router,
+        staleness_s: float,
+        decode_router: Router,
+        transfer: KVTransfer | None,
+    ) -> None:
         self.replicas, self.router, self.staleness_s = replicas, router, staleness_s
+        self.decode_router, self.transfer = decode_router, transfer
+        self.prefill_replicas = [r for r in replicas if r.spec.role == "prefill"]
+        self.handoffs: list[Handoff] = []
+        self._moving: list[tuple[float, int, Request, int, dict[int, list[int]]]] = []  # heap
+        self._originals: dict[str, Request] = {}  # disaggregated: requests in their prefill
         self._views: list[ReplicaView] = []
         self._views_s = -math.inf
         self._ended_at_view: list[int] = []
@@ -289,34 +426,93 @@ class _EventLoop:
         for rep in self.replicas:
             push(rep)
         i, n = 0, len(reqs)
+        moving = self._moving
         while True:
             while heap and heap[0][3] != self.replicas[heap[0][2]].version:
                 heapq.heappop(heap)
             next_arrival = reqs[i].arrival_time_s if i < n else math.inf
-            if not heap and i >= n:
+            next_ready = moving[0][0] if moving else math.inf
+            next_in = min(next_arrival, next_ready)
+            if not heap and next_in == math.inf:
                 break
-            # completions first, then arrivals, then starts (module docstring)
-            if (
-                not heap
-                or next_arrival < heap[0][0]
-                or (next_arrival == heap[0][0] and heap[0][1] == 1)
-            ):
-                push(self._route(reqs[i]))
-                i += 1
+            # completions first, then arrivals and KV arrivals, then starts
+            if not heap or next_in < heap[0][0] or (next_in == heap[0][0] and heap[0][1] == 1):
+                if next_ready <= next_arrival:
+                    _, _, request, index, hashes = heapq.heappop(moving)
+                    rep = self.replicas[index]
+                    rep.add(request, hashes)
+                else:
+                    rep = self._arrive(reqs[i])
+                    i += 1
+                push(rep)
                 continue
             _, kind, index, _ = heapq.heappop(heap)
             rep = self.replicas[index]
             if kind == 0:
                 rep.complete()
+                if rep.prefilled:
+                    for target in self._hand_off(rep):
+                        push(target)
             else:
-                rep.start(next_arrival)
+                rep.start(min(next_in, self._next_prefill_end()))
             push(rep)
         for rep in self.replicas:
             if rep.scheduler.has_unfinished():
                 raise PolicyError(f"replica {rep.index}: {rep.scheduler.stall_message()}")
 
-    def _route(self, request: Request) -> _Replica:
+    def _arrive(self, request: Request) -> _Replica:
+        """Route an arriving request (its prefill stage when disaggregated) and queue it."""
         now = request.arrival_time_s
+        if self.transfer is None:
+            chosen = self._route(request, now, "mixed", self.router)
+        else:
+            self._originals[request.request_id] = request
+            request = prefill_stage(request)
+            chosen = self._route(request, now, "prefill", self.router)
+        chosen.book(request)
+        chosen.add(request, self._hashes)
+        return chosen
+
+    def _hand_off(self, rep: _Replica) -> list[_Replica]:
+        """Send the requests ``rep`` just prefilled on to decode replicas: route each,
+        book its KV transfer, and queue its arrival there. Returns the replicas
+        booked (their views changed)."""
+        assert self.transfer is not None
+        booked = []
+        for seq in rep.prefilled:
+            original = self._originals.pop(seq.request.request_id)
+            if original.max_output_tokens < 2:
+                continue  # the prefill stage sampled its only token
+            now = float(seq.finish_s)  # type: ignore[arg-type]
+            staged = decode_stage(original, now)
+            dst = self._route(staged, now, "decode", self.decode_router)
+            view = self._views[dst.index]
+            cached = view.cached_prefix_blocks(staged) * view.block_size
+            num_tokens = max(0, original.num_prompt_tokens - cached)
+            num_bytes = num_tokens * rep.spec.kv_bytes_per_token
+            gpus = min(rep.spec.num_gpus, dst.spec.num_gpus)
+            start, ready = self.transfer.schedule(rep.index, dst.index, now, num_bytes, gpus)
+            self.handoffs.append(
+                Handoff(original.request_id, rep.index, dst.index, now, start, ready,
+                        num_tokens, num_bytes)
+            )  # fmt: skip
+            staged = decode_stage(original, ready)
+            dst.book(staged)
+            heapq.heappush(
+                self._moving, (ready, len(self.handoffs), staged, dst.index, self._hashes)
+            )
+            booked.append(dst)
+        rep.prefilled.clear()
+        return booked
+
+    def _next_prefill_end(self) -> float:
+        """No handoff comes before this: the earliest end of a prefill step in
+        flight, or start of one about to be planned (an idle prefill replica
+        waits for an arrival, which bounds decode runs already)."""
+        events = [r.next_event() for r in self.prefill_replicas]
+        return min((e[0] for e in events if e is not None), default=math.inf)
+
+    def _route(self, request: Request, now: float, stage: str, router: Router) -> _Replica:
         if not self._views or now - self._views_s >= self.staleness_s:
             self._views = [rep.view(self._prefix_query(rep)) for rep in self.replicas]
             self._ended_at_view = [rep.ended_tokens for rep in self.replicas]
@@ -327,9 +523,7 @@ class _EventLoop:
                 for v, rep, ended in zip(self._views, self.replicas, self._ended_at_view)
             ]
         self._hashes = {}
-        chosen = self.replicas[self.router.route(request, self._views, now)]
-        chosen.add(request, self._hashes)
-        return chosen
+        return self.replicas[router.route(request, self._views, now, stage)]
 
     def _prefix_query(self, rep: _Replica) -> Callable[[Request], int]:
         bm = rep.scheduler.block_manager
@@ -353,11 +547,14 @@ def simulate_cluster(
     jump: bool = True,
     router_staleness_s: float = 0.0,
     keep_token_times: bool = True,
+    decode_router: Router | None = None,
+    kv_transfer_link: LinkSpec | None = None,
 ) -> ClusterResult:
     """Run one cluster simulation; see :class:`ClusterSimulator`."""
     sim = ClusterSimulator(
         replicas, router, registry, jump=jump, router_staleness_s=router_staleness_s,
-        keep_token_times=keep_token_times,
+        keep_token_times=keep_token_times, decode_router=decode_router,
+        kv_transfer_link=kv_transfer_link,
     )  # fmt: skip
     return sim.run(requests)
 

@@ -5,11 +5,13 @@ Example::
     rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl \\
         --model llama-3.1-8b --device h100-sxm --enable-prefix-caching
     rose-sim --replica-config replicas.toml --router least-loaded
+    rose-sim --num-prefill-replicas 1 --num-decode-replicas 3 --kv-transfer-link rdma-400g
 
 A replica config lists the replicas (TOML or JSON), each with optional
 ``model``, ``device``, ``num_kv_blocks``, ``name``, ``count`` (default 1),
-``tensor_parallel_size``, ``pipeline_parallel_size`` and ``interconnect``;
-missing fields take the command line's values. Each entry is priced by the
+``tensor_parallel_size``, ``pipeline_parallel_size``, ``interconnect`` and
+``role`` (``mixed``, the default, or ``prefill`` / ``decode`` for a
+disaggregated cluster); missing fields take the command line's values. Each entry is priced by the
 roofline of its model and device (a ``--cost-model`` profile prices only
 ``--num-replicas`` copies of the profiled setup)::
 
@@ -40,24 +42,29 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from roseinfer.calibration.cost_model import make_cost_model
-from roseinfer.calibration.specs import get_device_spec
+from roseinfer.calibration.specs import LINKS, LinkSpec, get_device_spec, get_link_spec
 from roseinfer.cli import CliError, config_facts, report
 from roseinfer.config import SchedulerConfig
+from roseinfer.kv_tiers import kv_tier_summary
 from roseinfer.registry import Registry
 from roseinfer.request import Request
 from roseinfer.routing import Router
 from roseinfer.simulator.cluster import ClusterResult, ReplicaSpec, simulate_cluster
+from roseinfer.simulator.disaggregation import DEFAULT_KV_TRANSFER_LINK
 
 REPLICA_KEYS = {
     "model", "device", "num_kv_blocks", "count", "name",
-    "tensor_parallel_size", "pipeline_parallel_size", "interconnect",
+    "tensor_parallel_size", "pipeline_parallel_size", "interconnect", "role",
 }  # fmt: skip
 PER_REPLICA_KEYS = (
+    "role",
+    "utilization",
     "num_routed",
     "completed",
     "prefix_cache_hit_rate",
     "p99_ttft_ms",
     "mean_ttft_ms",
+    "p99_tpot_ms",
 )
 
 
@@ -93,18 +100,80 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
         "--replica-config",
         type=Path,
         metavar="FILE.toml|json",
-        help="heterogeneous replicas: a list of {model, device, num_kv_blocks, count}",
+        help="heterogeneous replicas: a list of {model, device, num_kv_blocks, count, role, ...}",
+    )
+    g.add_argument(
+        "--num-prefill-replicas",
+        type=int,
+        default=None,
+        help="disaggregated serving: replicas that only prefill and hand the KV on "
+        "(with --num-decode-replicas; DistServe, vLLM's disaggregated prefill)",
+    )
+    g.add_argument(
+        "--num-decode-replicas",
+        type=int,
+        default=None,
+        help="disaggregated serving: replicas that only decode, from handed-over KV",
+    )
+    g.add_argument(
+        "--decode-router",
+        help="routing policy of the decode stage (default: --router's)",
+    )
+    g.add_argument(
+        "--kv-transfer-link",
+        default=None,
+        help="link KV handoffs cross between replicas, one per GPU: "
+        f"{', '.join(LINKS)} (default {DEFAULT_KV_TRANSFER_LINK})",
     )
 
 
 def wants_cluster(args: argparse.Namespace) -> bool:
-    """True when the flags ask for more than one replica (or a replica config)."""
-    if args.num_replicas is not None and args.num_replicas < 1:
-        raise CliError(f"--num-replicas must be >= 1, got {args.num_replicas}")
-    cluster = (args.num_replicas or 1) > 1 or args.replica_config is not None
+    """True when the flags ask for more than one replica, a replica config, or
+    prefill and decode replicas.
+
+    Raises:
+        CliError: on a replica count < 1, only one of the prefill/decode counts,
+            both them and --num-replicas, or cluster flags without a cluster.
+    """
+    counts = {
+        "--num-replicas": args.num_replicas,
+        "--num-prefill-replicas": args.num_prefill_replicas,
+        "--num-decode-replicas": args.num_decode_replicas,
+    }
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise CliError(f"{flag} must be >= 1, got {value}")
+    disagg = _wants_disaggregation(args)
+    cluster = (args.num_replicas or 1) > 1 or args.replica_config is not None or disagg
     if not cluster and (args.router or args.router_arg or args.router_staleness_s):
         raise CliError("--router, --router-arg and --router-staleness-s need --num-replicas N > 1")
+    if not disagg and args.replica_config is None and (args.decode_router or args.kv_transfer_link):
+        raise CliError(
+            "--decode-router and --kv-transfer-link need prefill and decode replicas "
+            "(--num-prefill-replicas and --num-decode-replicas, or roles in --replica-config)"
+        )
     return cluster
+
+
+def _wants_disaggregation(args: argparse.Namespace) -> bool:
+    """True with --num-prefill-replicas and --num-decode-replicas.
+
+    Raises:
+        CliError: with one of them only, or with --num-replicas / --replica-config too.
+    """
+    given = (args.num_prefill_replicas is not None, args.num_decode_replicas is not None)
+    if given == (False, False):
+        return False
+    if given != (True, True):
+        raise CliError(
+            "disaggregated serving needs both --num-prefill-replicas and --num-decode-replicas"
+        )
+    if args.num_replicas is not None or args.replica_config is not None:
+        raise CliError(
+            "--num-prefill-replicas/--num-decode-replicas count the replicas: drop "
+            "--num-replicas (or give roles in --replica-config instead)"
+        )
+    return True
 
 
 def make_router(args: argparse.Namespace, registry: Registry) -> Router:
@@ -121,6 +190,26 @@ def make_router(args: argparse.Namespace, registry: Registry) -> Router:
             raise CliError(f"--router-arg takes KEY=VALUE, got {item!r}")
         options[key] = value
     return registry.router(args.router or "round-robin")(seed=args.seed, options=options)
+
+
+def make_decode_router(args: argparse.Namespace, registry: Registry) -> Router:
+    """The decode stage's router: ``--decode-router`` (with the ``--router-arg``
+    knobs) or another instance of ``--router``."""
+    if args.decode_router is None:
+        return make_router(args, registry)
+    return make_router(argparse.Namespace(**{**vars(args), "router": args.decode_router}), registry)
+
+
+def kv_transfer_link(args: argparse.Namespace) -> LinkSpec:
+    """The ``--kv-transfer-link`` preset (default :data:`DEFAULT_KV_TRANSFER_LINK`).
+
+    Raises:
+        CliError: on an unknown link name.
+    """
+    try:
+        return get_link_spec(args.kv_transfer_link or DEFAULT_KV_TRANSFER_LINK)
+    except ValueError as err:
+        raise CliError(f"--kv-transfer-link: {err}") from None
 
 
 def read_replica_config(path: Path) -> list[dict[str, Any]]:
@@ -147,13 +236,19 @@ def read_replica_config(path: Path) -> list[dict[str, Any]]:
 
 
 def replica_specs(
-    args: argparse.Namespace, base: SchedulerConfig, base_name: str, base_cost: Any
+    args: argparse.Namespace,
+    base: SchedulerConfig,
+    base_name: str,
+    base_cost: Any,
+    base_kv_bytes_per_token: float = 0.0,
 ) -> list[ReplicaSpec]:
-    """The cluster's replicas: ``--num-replicas`` copies of the base setup, or the
+    """The cluster's replicas: ``--num-replicas`` copies of the base setup,
+    ``--num-prefill-replicas`` + ``--num-decode-replicas`` of it, or the
     ``--replica-config`` entries (fields not given fall back to the flags).
 
     Raises:
-        CliError: when ``--num-replicas`` disagrees with the config's count.
+        CliError: when ``--num-replicas`` disagrees with the config's count, or
+            an entry's role is unknown.
     """
     from roseinfer.simulator.cli import (
         DEFAULT_DEVICE,
@@ -162,8 +257,17 @@ def replica_specs(
         load_model_spec,
     )
 
+    gpus = args.tensor_parallel_size * args.pipeline_parallel_size
     if args.replica_config is None:
-        return [ReplicaSpec(base_name, base, base_cost)] * (args.num_replicas or 1)
+        if _wants_disaggregation(args):
+            return [
+                ReplicaSpec(f"{base_name} {role}", base, base_cost, role, base_kv_bytes_per_token, gpus)
+                for role, count in (("prefill", args.num_prefill_replicas),
+                                    ("decode", args.num_decode_replicas))
+                for _ in range(count)
+            ]  # fmt: skip
+        spec = ReplicaSpec(base_name, base, base_cost, "mixed", base_kv_bytes_per_token, gpus)
+        return [spec] * (args.num_replicas or 1)
     specs: list[ReplicaSpec] = []
     for entry in read_replica_config(args.replica_config):
         model = load_model_spec(entry.get("model", args.model or DEFAULT_MODEL))
@@ -181,9 +285,17 @@ def replica_specs(
             num_kv_blocks=int(blocks or default_num_kv_blocks(args, model, device, tp, pp)),
             max_model_len=args.max_model_len or model.max_model_len,
         )
-        gpus = f" x{tp * pp}" if tp * pp > 1 else ""
-        name = entry.get("name", f"{model.name}@{device.name}{gpus}")
-        specs += [ReplicaSpec(name, config, cost)] * int(entry.get("count", 1))
+        if base.kv_tiers is not None:  # the same GiB hold blocks of this model's size
+            block_bytes = int(model.kv_bytes_per_token) * base.block_size
+            config = replace(config, kv_tiers=base.kv_tiers.for_block_bytes(block_bytes))
+        label = f" x{tp * pp}" if tp * pp > 1 else ""
+        name = entry.get("name", f"{model.name}@{device.name}{label}")
+        try:
+            spec = ReplicaSpec(name, config, cost, entry.get("role", "mixed"),
+                               model.kv_bytes_per_token, tp * pp)  # fmt: skip
+        except ValueError as err:
+            raise CliError(f"--replica-config {args.replica_config}: {err}") from None
+        specs += [spec] * int(entry.get("count", 1))
     if args.num_replicas is not None and args.num_replicas != len(specs):
         raise CliError(
             f"--num-replicas {args.num_replicas} but --replica-config lists {len(specs)}; drop one"
@@ -203,6 +315,7 @@ def run_cluster(
     """Simulate the cluster, print the cluster-wide and per-replica summaries and
     write the files asked for (``--save-result`` gets ``replica_summaries``)."""
     router = make_router(args, registry)
+    disagg = any(s.role != "mixed" for s in specs)
     try:
         result = simulate_cluster(
             requests,
@@ -212,11 +325,14 @@ def run_cluster(
             jump=not args.no_jump,
             router_staleness_s=args.router_staleness_s,
             keep_token_times=args.save_records is not None,
+            decode_router=make_decode_router(args, registry) if disagg else None,
+            kv_transfer_link=kv_transfer_link(args) if disagg else None,
         )
     except ValueError as err:
         raise CliError(str(err)) from None
     per = result.replica_summaries()
     per.insert(2, "num_routed", result.info["routed"])
+    tier_keys = add_kv_tier_columns(per, result)
     extra = {
         **extra,
         "policy": result.policy,
@@ -227,12 +343,21 @@ def run_cluster(
         "num_kv_blocks": [s.config.num_kv_blocks for s in specs],
         "sim_wall_s": result.wall_s,
         "num_steps": result.num_steps,
-        "replica_summaries": per[["replica", "name", *PER_REPLICA_KEYS]].to_dict("records"),
+        **kv_tier_summary(s.block_manager.kv_tier_counters() for s in result.schedulers),
+        "replica_summaries": per[["replica", "name", *PER_REPLICA_KEYS, *tier_keys]].to_dict(
+            "records"
+        ),
     }
+    if result.disaggregation is not None:
+        extra["num_prefill_replicas"] = sum(s.role == "prefill" for s in specs)
+        extra["num_decode_replicas"] = sum(s.role == "decode" for s in specs)
+        extra["disaggregation"] = result.disaggregation
     title = f"{title} | {len(specs)} replicas, router {router.name}"
     report(args, result.records, duration_s=result.duration_s, title=title, extra=extra,
            itl=result.itl)  # fmt: skip
     if not args.quiet:
+        if result.disaggregation is not None:
+            print(format_disaggregation(result.disaggregation))
         print(format_replicas(per))
         print(
             f"simulated {len(requests)} requests on {len(specs)} replicas, "
@@ -241,12 +366,49 @@ def run_cluster(
     return result
 
 
+def add_kv_tier_columns(per: pd.DataFrame, result: ClusterResult) -> list[str]:
+    """Add each replica's KV tier hit rates and bytes moved to the per-replica table
+    (``kv_hit_rate_device``, ``kv_hit_rate_<tier>``, ``kv_offloaded_bytes``,
+    ``kv_loaded_bytes``); returns the columns added (none without tiers)."""
+    rows = [kv_tier_summary([s.block_manager.kv_tier_counters()]) for s in result.schedulers]
+    if not rows or not rows[0]:
+        return []
+    keys = [k for k in rows[0] if k.startswith("kv_hit_rate_")]
+    keys += ["kv_offloaded_bytes", "kv_loaded_bytes"]
+    for key in keys:
+        per[key] = [row.get(key, 0.0) for row in rows]
+    return keys
+
+
 def format_replicas(per: pd.DataFrame) -> str:
-    """The per-replica table: requests routed, finished, hit rate, TTFT."""
-    lines = ["replica  name                        routed  done  hit%   p99 TTFT ms  mean TTFT ms"]
+    """The per-replica table: role, busy fraction, requests routed and finished, hit
+    rate (and per KV tier, with tiers), TTFT and TPOT (a disaggregated replica's of
+    its own stage)."""
+    tiers = [c for c in per.columns if c.startswith("kv_hit_rate_")]
+    head = "".join(f" {c.removeprefix('kv_hit_rate_')[:8]:>8}%" for c in tiers)
+    lines = [
+        "replica  name                           role     busy%  routed   done  hit%"
+        + head
+        + "  p99 TTFT ms  mean TTFT ms  p99 TPOT ms"
+    ]
     for row in per.itertuples():
+        cells = "".join(f" {100 * getattr(row, c):>9.1f}" for c in tiers)
         lines.append(
-            f"{row.replica:>7}  {row.name:<26} {row.num_routed:>7} {row.completed:>5} "
-            f"{100 * row.prefix_cache_hit_rate:>5.1f} {row.p99_ttft_ms:>12.1f} {row.mean_ttft_ms:>13.1f}"
+            f"{row.replica:>7}  {row.name[:30]:<30} {row.role:<8} {100 * row.utilization:>5.1f} "
+            f"{row.num_routed:>7} {row.completed:>6} {100 * row.prefix_cache_hit_rate:>5.1f}"
+            f"{cells} {row.p99_ttft_ms:>12.1f} {row.mean_ttft_ms:>13.1f} {row.p99_tpot_ms:>12.1f}"
         )
     return "\n".join(lines)
+
+
+def format_disaggregation(report: dict[str, Any]) -> str:
+    """Two lines: per-stage queueing and the KV handoffs."""
+    return (
+        f"stages: prefill queue mean {report['mean_prefill_queue_ms']:.1f} / p99 "
+        f"{report['p99_prefill_queue_ms']:.1f} ms, decode queue mean "
+        f"{report['mean_decode_queue_ms']:.1f} / p99 {report['p99_decode_queue_ms']:.1f} ms\n"
+        f"KV handoffs over {report['kv_transfer_link']}: {report['num_kv_transfers']} moved "
+        f"{report['kv_transfer_gb']:.2f} GB, transfer mean {report['mean_kv_transfer_ms']:.2f} / "
+        f"p99 {report['p99_kv_transfer_ms']:.2f} ms (waiting for a busy link "
+        f"{report['mean_kv_transfer_wait_ms']:.2f} ms mean)"
+    )

@@ -126,10 +126,18 @@ class CostModelBackend:
         return min(num_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
 
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
-        """End times of the output's steps, from the cost model."""
+        """End times of the output's steps, from the cost model. A step that loads
+        KV blocks from a tier (``out.kv_transfers``) also pays their transfer time:
+        added to its compute, or overlapped (``max``); offloads cost no time (they
+        are asynchronous; see :mod:`roseinfer.kv_tiers`). Loads come only with
+        admissions, never with a multi-step decode run."""
         if out.num_steps > 1:
             return StepResult(_step_ends(now_s, self._run_times_s[: out.num_steps]).tolist())
-        return StepResult([now_s + self.cost_model.step_time_s(batch_shape(out))])
+        step_s = self.cost_model.step_time_s(batch_shape(out))
+        transfers = out.kv_transfers
+        if transfers is not None:
+            step_s = transfers.step_time_s(step_s)
+        return StepResult([now_s + step_s])
 
 
 class Simulator:
