@@ -57,7 +57,7 @@ PAPER = (
     "over all its workloads (abstract); its Fig. 8 gives the OPT-13B chatbot ratio (DistServe "
     "on 3 GPUs vs vLLM on 1), whose exact value is not reproduced here"
 )
-COMMON = ["--model", "opt-13b", "--device", "a100-80gb", "--kv-transfer-link", "nvlink3",
+COMMON = ["--model", "opt-13b", "--hardware", "a100-80gb", "--kv-transfer-link", "nvlink3",
           "--fit-lengths", "clip", "--backend", "serial", "--quiet"]  # fmt: skip
 PAPER_PLACEMENT = (
     '[[replica]]\nrole = "prefill"\ntensor_parallel_size = 2\n\n[[replica]]\nrole = "decode"\n'

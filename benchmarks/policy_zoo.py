@@ -29,7 +29,7 @@ import pandas as pd
 
 from roseinfer import workloads
 
-SIM = ["rose-sim", "--model", "llama-3.1-8b", "--device", "a100-80gb", "--quiet"]
+SIM = ["rose-sim", "--model", "llama-3.1-8b", "--hardware", "a100-80gb", "--quiet", "--no-summary"]
 
 
 def run(cmd: list[str], out: Path) -> pd.DataFrame:
@@ -77,7 +77,8 @@ def fairness_real(tmp: Path) -> None:
     base = ["rose-run", "--model", "tiny-llama", "--device", "cpu", "--trace", str(trace)]
     for policy in ("fifo", "vtc"):
         df = run(
-            [*base, "--max-num-seqs", "8", "--policy", policy, "--quiet"], tmp / f"run-{policy}.csv"
+            [*base, "--max-num-seqs", "8", "--policy", policy, "--quiet", "--no-summary"],
+            tmp / f"run-{policy}.csv",
         )
         print(
             f"  rose-run {policy}: light p99 TTFT {p99_ttft_ms(df[df.tenant == 'light']):.0f} ms, "

@@ -34,7 +34,9 @@ TRACE = Path(__file__).resolve().parents[2] / "shared/traces/AzureLLMInferenceTr
 def rose_sim(*args: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        subprocess.run(["rose-sim", *args, "--quiet", "--save-result", str(out)], check=True)
+        subprocess.run(
+            ["rose-sim", *args, "--quiet", "--no-summary", "--save-result", str(out)], check=True
+        )
         return json.loads(out.read_text())
 
 
@@ -47,7 +49,7 @@ def main() -> None:
         print("Llama-2-7B, H100, batch 1, 128 in / 20 out: end-to-end latency (ms)")
         print(f"{'TP':>3} {'rose-sim':>9} {'published':>10} {'sim/pub':>8}")
         for tp, published in PUBLISHED_7B_MS.items():
-            r = rose_sim("--trace", str(trace), "--model", str(config), "--device", "h100-sxm",
+            r = rose_sim("--trace", str(trace), "--model", str(config), "--hardware", "h100-sxm",
                          "--tensor-parallel-size", str(tp))  # fmt: skip
             sim = r["mean_e2el_ms"]
             print(f"{tp:>3} {sim:>9.1f} {published:>10.1f} {sim / published:>8.2f}")
@@ -57,7 +59,7 @@ def main() -> None:
         for tp in (2, 4, 8):
             r = rose_sim("--trace", str(TRACE), "--num-requests", "2000", "--request-rate", "2",
                          "--policy", "budget", "--prefill-max-tokens", "2048", "--model",
-                         "llama-3.1-70b", "--device", "h200", "--tensor-parallel-size", str(tp))  # fmt: skip
+                         "llama-3.1-70b", "--hardware", "h200", "--tensor-parallel-size", str(tp))  # fmt: skip
             print(f"{tp:>3} {r['median_ttft_ms']:>12.1f} {r['median_tpot_ms']:>12.2f} "
                   f"{r['num_kv_blocks']:>10}")  # fmt: skip
 

@@ -377,7 +377,7 @@ def run_rose(trace: Path, num_requests: int | None, device: str, cap: int, tmp: 
     result_file = tmp / "rose_result.json"
     cmd = [
         str(ROSE_SIM), "--trace", str(trace), "--policy", "fifo", "--model", ROSE_MODEL,
-        "--device", device, "--max-num-seqs", str(cap), "--quiet",
+        "--hardware", device, "--max-num-seqs", str(cap), "--quiet", "--no-summary",
         "--save-result", str(result_file),
     ]  # fmt: skip
     if num_requests:

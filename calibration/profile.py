@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,9 +299,11 @@ class Profile:
         """
         if doc.get("schema") != PROFILE_SCHEMA:
             raise ProfileError(
-                f"not a roseinfer profile (schema {doc.get('schema')!r}, expected "
+                f"not a roseinfer profile (schema {str(doc.get('schema'))[:40]!r}, expected "
                 f"{PROFILE_SCHEMA!r}); make one with `rose-run profile --output FILE`"
             )
+        _check_numbers(doc, "profile")
+        _check_chosen(doc.get("fit"))
         try:
             samples = [ProfileSample.from_json(row) for row in doc["samples"]]
             fit = doc["fit"]
@@ -333,6 +336,57 @@ class Profile:
             raise ProfileError(
                 f"profile is incomplete or damaged ({err!r}); re-run `rose-run profile`"
             ) from None
+
+
+MAX_PROFILE_NUMBER = 1e18
+"""Largest number a profile may hold: above any byte count, FLOP rate or step time a
+profile records (an H100's 1e15 FLOP/s, 1e11 bytes); 1e308 overflowed the pricing."""
+
+
+def _check_numbers(value: Any, where: str) -> None:
+    """Every number in a profile document is finite, >= 0 and at most
+    :data:`MAX_PROFILE_NUMBER` (times, sizes, rates and the fitted coefficients, which
+    are non-negative least squares, are all so).
+
+    Raises:
+        ProfileError: naming the first bad number's place (``fit.model.coefficients.step``).
+    """
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, place = stack.pop()
+        if isinstance(item, dict):
+            stack += [(v, f"{place}.{str(k)[:40]}") for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(v, f"{place}[{i}]") for i, v in enumerate(item)]
+        elif (
+            isinstance(item, (int, float))
+            and not isinstance(item, bool)
+            and not (math.isfinite(item) and 0 <= item <= MAX_PROFILE_NUMBER)
+        ):
+            raise ProfileError(
+                f"{place} is {str(item)[:40]}: a profile's numbers are finite, >= 0 and at "
+                f"most {MAX_PROFILE_NUMBER:g}; the file is damaged, re-run `rose-run profile`"
+            )
+
+
+def _check_chosen(fit: Any) -> None:
+    """``fit.chosen`` names the stored model, one of the candidates with a held-out error.
+
+    Raises:
+        ProfileError: on another name (it was silently ignored before).
+    """
+    if not isinstance(fit, dict) or "chosen" not in fit:
+        return  # a missing section is reported as incomplete
+    model_doc, held_doc = fit.get("model"), fit.get("held_out")
+    model: dict[str, Any] = model_doc if isinstance(model_doc, dict) else {}
+    held_out: dict[str, Any] = held_doc if isinstance(held_doc, dict) else {}
+    chosen = fit["chosen"]
+    if chosen != model.get("name") or chosen not in held_out:
+        raise ProfileError(
+            f"fit.chosen is {str(chosen)[:40]!r}, but the stored step model is "
+            f"{str(model.get('name'))[:40]!r} (candidates: {', '.join(map(str, held_out)) or 'none'}); "
+            "the file is damaged or edited, re-run `rose-run profile`"
+        )
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -69,6 +69,10 @@ class StepLogError(ValueError):
     """A step log that cannot be used (the message names the file, the line and the fix)."""
 
 
+MAX_STEP_S = 86_400.0
+"""Longest step a log may record (a day): 1e308 s overflowed every sum of step times."""
+
+
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """One executed step (see the module docstring for the meaning of each field).
@@ -107,6 +111,11 @@ class StepRecord:
             raise ValueError(f"step {self.step}: start_s and end_s must be finite")
         if self.end_s < self.start_s:
             raise ValueError(f"step {self.step}: end_s {self.end_s} < start_s {self.start_s}")
+        if self.end_s - self.start_s > MAX_STEP_S:
+            raise ValueError(
+                f"step {self.step}: lasts {self.end_s - self.start_s:.3g} s, more than "
+                f"{MAX_STEP_S:g} s (a day); the log is damaged"
+            )
         for new, context in zip(self.num_new_tokens, self.num_context_tokens):
             if not 1 <= new <= context:
                 raise ValueError(

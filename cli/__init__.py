@@ -40,16 +40,17 @@ from roseinfer.metrics import (
     RECORD_SUFFIXES,
     LogHistogram,
     check_output_path,
+    fair_share_fairness,
     format_summary,
     parse_goodput,
     per_class,
     per_tenant,
-    service_fairness,
     summarize,
     write_records,
     write_result,
 )
-from roseinfer.registry import Registry, UnknownPolicyError, load_registry
+from roseinfer.prediction import LENGTH_PREDICTOR_OPTION
+from roseinfer.registry import Registry, UnknownPolicyError, load_registry, warning_sink
 from roseinfer.request import Request
 
 WORKLOADS = (
@@ -122,8 +123,92 @@ def _clip(text: str, max_chars: int = 40) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + "..."
 
 
+clip = _clip
+"""``text`` cut to 40 characters (with ``...``), for echoing a user's value in an error."""
+
+
 POSITIVE = int_in(1)
 """argparse type of a count flag: an integer in [1, 2^31 - 1]."""
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""vLLM's default ``--gpu-memory-utilization``."""
+
+FLAGS: dict[str, dict[str, Any]] = {
+    "--seed": {
+        "type": int_in(0, MAX_SEED),
+        "default": 0,
+        "help": "random seed of the run (default 0): the arrivals --request-rate re-draws, the "
+        "synthetic and two-tenant workloads, made-up token ids, routers that draw; rose-run, "
+        "rose-serve and rose-run profile: also the random weights of a built-in model, and the "
+        "sampling of each request without a seed of its own (profile: its shape grid and split)",
+    },
+    "--gpu-memory-utilization": {
+        "type": float_in(0, 1, lo_open=True),
+        "default": DEFAULT_GPU_MEMORY_UTILIZATION,
+        "help": "share of the device's total memory for the weights, activations and the KV "
+        "pool, as vLLM: the default KV pool is what is left of it after the weights (default "
+        f"{DEFAULT_GPU_MEMORY_UTILIZATION:g}). rose-run on CPU: a 1 GiB pool unless "
+        "--kv-cache-memory-gb or --num-kv-blocks",
+    },
+    "--max-num-seqs": {
+        "type": POSITIVE,
+        "help": f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
+    },
+    "--max-num-batched-tokens": {
+        "type": POSITIVE,
+        "help": "tokens computed per step, decodes included, as vLLM (default: no limit)",
+    },
+    "--block-size": {
+        "type": int_in(1, MAX_BLOCK_SIZE),
+        "default": DEFAULT_BLOCK_SIZE,
+        "help": f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
+    },
+    "--num-kv-blocks": {
+        "type": int_in(1, MAX_NUM_KV_BLOCKS),
+        "help": "KV blocks in the pool (default: from memory)",
+    },
+    "--kv-cache-memory-gb": {
+        "type": float_in(0, lo_open=True),
+        "help": "KV pool size in GiB (alternative to --num-kv-blocks)",
+    },
+    "--max-model-len": {
+        "type": POSITIVE,
+        "help": "longest request in tokens (default: the model's)",
+    },
+    "--save-records": {
+        "type": Path,
+        "help": "write per-request records (.csv or .parquet)",
+    },
+    "--save-steps": {
+        "type": Path,
+        "metavar": "FILE.jsonl",
+        "help": "write every executed step (start, end, shape) as a step log (JSON lines; "
+        "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
+    },
+    "--goodput": {
+        "nargs": "+",
+        "metavar": "METRIC:MS",
+        "help": "SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000",
+    },
+}
+"""Every flag more than one command takes, defined once: its type, range and default.
+A command adds one with :func:`add_flag` and may override only its help or default
+(``rose-run profile``'s ``--max-num-seqs`` has a default; ``rose-serve``'s records are
+appended while it serves)."""
+
+
+def add_flag(g: argparse._ActionsContainer, flag: str, **overrides: Any) -> None:
+    """Add the shared ``flag`` (:data:`FLAGS`) to ``g``; ``overrides`` may change its
+    ``help`` or ``default`` only (its type and range stay one definition).
+
+    Raises:
+        KeyError: for a flag not in :data:`FLAGS`.
+        ValueError: when ``overrides`` touches anything but help and default.
+    """
+    if set(overrides) - {"help", "default"}:
+        raise ValueError(f"{flag}: a shared flag may override help and default only")
+    g.add_argument(flag, **{**FLAGS[flag], **overrides})
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -146,6 +231,7 @@ def add_common_args(parser: argparse.ArgumentParser, registry: Registry | None =
     )
     _add_scheduler_args(parser.add_argument_group("scheduler and KV cache"))
     _add_output_args(parser.add_argument_group("output"))
+    add_quiet_args(parser)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, registry: Registry | None = None) -> None:
@@ -202,12 +288,7 @@ def _add_workload_args(g: argparse._ArgumentGroup) -> None:
         default=1.0,
         help="gamma shape of inter-arrival gaps with --request-rate (default 1 = Poisson), as vLLM bench",
     )
-    g.add_argument(
-        "--seed",
-        type=int_in(0, MAX_SEED),
-        default=0,
-        help="random seed: arrivals, made-up tokens, sampling (default 0)",
-    )
+    add_flag(g, "--seed")
     g.add_argument("--prompt-tokens", type=POSITIVE, help="synthetic: base prompt length in tokens")
     g.add_argument(
         "--prompt-repeats",
@@ -284,16 +365,8 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         type=POSITIVE,
         help="requests admitted per step (default: --max-num-seqs)",
     )
-    g.add_argument(
-        "--max-num-seqs",
-        type=POSITIVE,
-        help=f"running-set cap = decode batch (default {DEFAULT_MAX_NUM_SEQS}, as vLLM)",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=POSITIVE,
-        help="tokens computed per step, decodes included, as vLLM (default: no limit)",
-    )
+    add_flag(g, "--max-num-seqs")
+    add_flag(g, "--max-num-batched-tokens")
     g.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
@@ -311,22 +384,9 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         type=POSITIVE,
         help="most requests with an unfinished prefill at once (chunked prefill; default none)",
     )
-    g.add_argument(
-        "--block-size",
-        type=int_in(1, MAX_BLOCK_SIZE),
-        default=DEFAULT_BLOCK_SIZE,
-        help=f"tokens per KV block (default {DEFAULT_BLOCK_SIZE})",
-    )
-    g.add_argument(
-        "--num-kv-blocks",
-        type=int_in(1, MAX_NUM_KV_BLOCKS),
-        help="KV blocks in the pool (default: from memory)",
-    )
-    g.add_argument(
-        "--kv-cache-memory-gb",
-        type=float_in(0, lo_open=True),
-        help="KV pool size in GiB (alternative to --num-kv-blocks)",
-    )
+    add_flag(g, "--block-size")
+    add_flag(g, "--num-kv-blocks")
+    add_flag(g, "--kv-cache-memory-gb")
     g.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -339,9 +399,7 @@ def _add_scheduler_args(g: argparse._ArgumentGroup) -> None:
         help="hash of a prompt block's token ids for prefix caching: sha256 (collision-"
         "resistant; rose-run's default) or builtin (Python hash(), cheaper; rose-sim's default)",
     )
-    g.add_argument(
-        "--max-model-len", type=POSITIVE, help="longest request in tokens (default: model's)"
-    )
+    add_flag(g, "--max-model-len")
     _add_kv_tier_args(g)
 
 
@@ -478,21 +536,52 @@ def _add_output_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--save-result", type=Path, help="write the summary as flat JSON (vLLM bench keys)"
     )
-    g.add_argument("--save-records", type=Path, help="write per-request records (.csv or .parquet)")
+    add_flag(g, "--save-records")
+    add_flag(g, "--save-steps")
+    add_flag(g, "--goodput")
+
+
+def add_quiet_args(parser: argparse.ArgumentParser, *, summary: bool = True) -> None:
+    """``--quiet`` (alias ``--no-progress``): no progress bar, in every command;
+    with ``summary``, ``--no-summary``: no summary table. They are independent:
+    ``--quiet`` alone still prints the summary."""
+    g = parser.add_argument_group("terminal output")
     g.add_argument(
-        "--save-steps",
-        type=Path,
-        metavar="FILE.jsonl",
-        help="write every executed step (start, end, shape) as a step log (JSON lines; "
-        "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress bar (the summary still prints; --no-progress is the same flag)",
     )
-    g.add_argument(
-        "--goodput",
-        nargs="+",
-        metavar="METRIC:MS",
-        help="SLOs for goodput, e.g. ttft:200 tpot:50 e2el:2000",
-    )
-    g.add_argument("--quiet", action="store_true", help="print no summary table")
+    if summary:
+        g.add_argument(
+            "--no-summary",
+            action="store_true",
+            help="print no summary table (the files asked for are still written)",
+        )
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old flag name kept for one release: stores into the new flag's ``dest``
+    and prints ``prog: warning: OLD is deprecated; use NEW`` once per parse."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated here and goes in the next "
+            f"release; use {self.new}",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
 
 
 # ----------------------------------------------------------------- workload
@@ -739,6 +828,18 @@ def config_facts(config: SchedulerConfig) -> dict[str, Any]:
     }
 
 
+def policy_facts(config: SchedulerConfig, registry: Registry) -> dict[str, Any]:
+    """What a result file records about the policy beyond its label: the knob
+    values given (``policy_options``) and, for a length-aware policy, the length
+    predictor it ran with (``length_predictor``, the default when none was given)."""
+    facts: dict[str, Any] = {"policy_options": dict(config.options.values)}
+    if registry.policy(config.policy).uses_length_predictor:
+        facts["length_predictor"] = str(
+            config.options.get("length_predictor", LENGTH_PREDICTOR_OPTION.default)
+        )
+    return facts
+
+
 def _kv_tier_facts(config: SchedulerConfig) -> dict[str, Any]:
     """The tier settings of a result file (none without tiers)."""
     tiers = config.kv_tiers
@@ -830,7 +931,7 @@ def report(
     extra: dict[str, Any],
     itl: LogHistogram | None = None,
 ) -> dict[str, Any]:
-    """Summarize, print the table (unless ``--quiet``) and write the files asked for
+    """Summarize, print the table (unless ``--no-summary``) and write the files asked for
     (``itl``: the run's ITL histogram when its records carry no token times).
 
     Returns:
@@ -840,7 +941,7 @@ def report(
     summary = summarize(records, duration_s=duration_s, goodput=goodput, itl=itl)
     groups, tables = _group_results(records, goodput)
     result: dict[str, Any] = {**summary, **extra, **groups}
-    if not args.quiet:
+    if not args.no_summary:
         tiers = {k: v for k, v in extra.items() if k.startswith("kv_")}  # KV tier lines
         print(format_summary({**summary, **tiers}, title))
         for table in tables:
@@ -861,7 +962,7 @@ def _group_results(
     tables: list[str] = []
     if records["tenant"].nunique(dropna=False) > 1:
         table = per_tenant(records)
-        out["jain_service_fairness"] = service_fairness(records)
+        out["jain_fair_share"] = fair_share_fairness(records)
         for row in table.itertuples():
             out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
         tables.append("per tenant:\n" + table.round(1).to_string(index=False))
@@ -896,6 +997,11 @@ def _die(prog: str, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def warn_to(prog: str) -> Callable[[str], None]:
+    """A warning sink printing ``prog: warning: message`` on stderr."""
+    return _warn(prog)
+
+
 def _warn(prog: str) -> Callable[[str], None]:
     def warn(message: str) -> None:
         print(f"{prog}: warning: {message}", file=sys.stderr)
@@ -915,8 +1021,8 @@ def run_main(
     A plugin that cannot load is skipped with a ``prog: warning:`` line.
     """
     args = parser.parse_args()
-    with friendly_errors(prog):
-        registry = load_registry(warn=_warn(prog))
+    with friendly_errors(prog), warning_sink(_warn(prog)):  # a skipped plugin once
+        registry = load_registry()
         if args.list_policies:
             print(registry.describe())
             return 0

@@ -34,16 +34,19 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from roseinfer.cli import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    FLAGS,
     ArgumentParser,
     CliError,
     add_common_args,
+    add_flag,
     build_workload,
     check_args,
     config_facts,
     fit_workload,
-    float_in,
     int_in,
     kv_blocks_from_bytes,
+    policy_facts,
     policy_options,
     report,
     run_main,
@@ -63,7 +66,7 @@ from roseinfer.workloads.fit import with_token_ids
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_KV_CACHE_GB = 1.0  # default KV pool on CPU (GiB)
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
+GPU_MEMORY_UTILIZATION = DEFAULT_GPU_MEMORY_UTILIZATION  # vLLM's default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an LLM-serving scheduling policy for real: the shared scheduler "
         "drives a PyTorch model with a paged KV cache (default: the embedded Azure conv "
         "trace sample on GPT-2 with random weights).",
+        epilog="subcommand (its own --help): `rose-run profile --output PROFILE.json ...` "
+        "times the executor's steps over a grid of batch shapes and fits a cost model for "
+        "`rose-sim --cost-model PROFILE.json`.",
     )
     add_common_args(parser)
     g = parser.add_argument_group("executor")
@@ -82,20 +88,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add prompt and output token ids to --save-records",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(prefix_caching_hash_algo="sha256")  # real prompts: collision-resistant
     return parser
 
 
-def add_model_args(g: argparse._ArgumentGroup) -> None:
-    """The model, device and runner flags of ``rose-run`` and ``rose-serve``."""
+def add_model_args(g: argparse._ArgumentGroup, *, warmup: bool = True) -> None:
+    """The model, device and runner flags of ``rose-run``, ``rose-serve`` and ``rose-run
+    profile`` (``warmup``: add ``--no-warmup``; a profile warms up every shape)."""
     g.add_argument(
         "--model",
         default="gpt2",
         help=f"a local transformers directory, or a built-in config with random weights "
         f"({', '.join(sorted(BUILTIN_MODELS))})",
     )
-    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    g.add_argument(
+        "--device",
+        default=None,
+        help="torch device: cpu or cuda[:N] (default: cuda if available). rose-sim's "
+        "simulated hardware is its --hardware",
+    )
     g.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
@@ -104,11 +115,11 @@ def add_model_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--attention-backend", choices=ATTENTION_BACKENDS, default="auto", help="attention kernel"
     )
-    g.add_argument(
+    add_flag(
+        g,
         "--gpu-memory-utilization",
-        type=float_in(0, 1, lo_open=True),
-        default=GPU_MEMORY_UTILIZATION,
-        help="CUDA: share of free memory for the KV pool (default KV pool size)",
+        help=FLAGS["--gpu-memory-utilization"]["help"]
+        + "; on CUDA, what is left after what the process holds once the model is loaded",
     )
     g.add_argument(
         "--num-threads",
@@ -116,11 +127,12 @@ def add_model_args(g: argparse._ArgumentGroup) -> None:
         help="CPU threads for torch (torch.set_num_threads; default: torch's, one per "
         "core). On a CPU shared with other jobs 1 keeps step times steady",
     )
-    g.add_argument(
-        "--no-warmup",
-        action="store_true",
-        help="skip the warm-up with the largest step shapes before the clock starts",
-    )
+    if warmup:
+        g.add_argument(
+            "--no-warmup",
+            action="store_true",
+            help="skip the warm-up with the largest step shapes before the clock starts",
+        )
 
 
 def resolve_device(name: str | None) -> torch.device:
@@ -180,8 +192,15 @@ def default_num_kv_blocks(
     device: torch.device,
     max_useful_blocks: int | None = None,
 ) -> int:
-    """KV blocks from ``--kv-cache-memory-gb``, else 1 GiB on CPU or a share of
-    free CUDA memory, capped at ``max_useful_blocks`` when memory decides.
+    """KV blocks from ``--kv-cache-memory-gb``, else 1 GiB on CPU, or on CUDA what
+    ``--gpu-memory-utilization`` of the device's *total* memory leaves after what this
+    process holds now (the model is loaded: its weights), as vLLM; capped at
+    ``max_useful_blocks`` when memory decides.
+
+    NOTE(vLLM's meaning): vLLM also subtracts a profiled activation peak; the warm-up's
+    activations here come out of the ``1 - utilization`` headroom (0.1 of an H100 is 8 GB).
+    Memory that other processes hold is not ours to take: a budget beyond the free memory
+    is an error naming both, as vLLM refuses to start then.
 
     NOTE: the cap (``max_num_seqs`` requests of ``max_model_len`` tokens) only
     bites for tiny models, whose memory-derived pool would be millions of
@@ -192,9 +211,20 @@ def default_num_kv_blocks(
             args.kv_cache_memory_gb * 2**30, runner_bytes_per_token, args.block_size
         )
     if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        num_bytes = free * args.gpu_memory_utilization
-        source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of free memory"
+        free, total = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_reserved(device)  # this process: the weights, so far
+        num_bytes = total * args.gpu_memory_utilization - held
+        if num_bytes > free:
+            raise CliError(
+                f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device} "
+                f"({total / 2**30:.3g} GiB) leaves {num_bytes / 2**30:.3g} GiB for the KV pool, "
+                f"but only {free / 2**30:.3g} GiB are free (other processes hold the rest); "
+                "lower it or set --kv-cache-memory-gb"
+            )
+        source = (
+            f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device}'s "
+            f"{total / 2**30:.3g} GiB after the weights ({held / 2**30:.3g} GiB)"
+        )
     else:
         num_bytes = CPU_KV_CACHE_GB * 2**30
         source = f"the default CPU KV pool ({CPU_KV_CACHE_GB:g} GiB)"
@@ -308,7 +338,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         )  # fmt: skip
     engine = Engine(runner, sched_config, registry, seed=args.seed, on_step=recorder)
     try:
-        result = _replay(engine, requests, show=not args.no_progress and not args.quiet)
+        result = _replay(engine, requests, show=not args.quiet)
     finally:
         if recorder is not None and recorder.writer is not None:
             recorder.writer.close()
@@ -327,6 +357,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "token_ids": vocab_note,
         "scheduler_preset": args.scheduler_preset or "seeds",
         **config_facts(sched_config),
+        **policy_facts(sched_config, registry),
         "kv_pool_peak_utilization": result.scheduler.max_used_blocks / sched_config.num_kv_blocks,
         "peak_memory_gb": _peak_memory_gb(device),
         "num_steps": result.scheduler.step_log.num_steps,

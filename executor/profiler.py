@@ -549,9 +549,9 @@ def _timed_samples(
 
 def build_profile_parser() -> argparse.ArgumentParser:
     """The ``rose-run profile`` argument parser."""
-    from roseinfer.cli import ArgumentParser
-    from roseinfer.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS
-    from roseinfer.executor.cli import DTYPES, GPU_MEMORY_UTILIZATION
+    from roseinfer.cli import POSITIVE, ArgumentParser, add_flag, add_quiet_args
+    from roseinfer.config import DEFAULT_MAX_NUM_SEQS
+    from roseinfer.executor.cli import add_model_args
 
     parser = ArgumentParser(
         prog="rose-run profile",
@@ -559,24 +559,22 @@ def build_profile_parser() -> argparse.ArgumentParser:
         "cost model for `rose-sim --cost-model PROFILE.json`.",
     )
     parser.add_argument("--output", type=Path, required=True, help="PROFILE.json to write")
-    parser.add_argument("--model", default="gpt2", help="as rose-run --model (default gpt2)")
-    parser.add_argument("--device", help="cpu or cuda[:N] (default: cuda if available)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="as rose-run --dtype")
-    parser.add_argument("--attention-backend", default="auto", help="as rose-run")
-    parser.add_argument("--seed", type=int, default=0, help="weights, grid, split (default 0)")
-    parser.add_argument("--num-threads", type=int, help="as rose-run --num-threads")
-    parser.add_argument("--repetitions", type=int, default=DEFAULT_REPETITIONS,
-                        help=f"timed runs per shape; the median is kept (default {DEFAULT_REPETITIONS})")  # fmt: skip
+    g = parser.add_argument_group("executor (as rose-run)")
+    add_model_args(g, warmup=False)
+    add_flag(g, "--seed")
+    g.add_argument("--repetitions", type=POSITIVE, default=DEFAULT_REPETITIONS,
+                   help=f"timed runs per shape; the median is kept (default {DEFAULT_REPETITIONS})")  # fmt: skip
     g = parser.add_argument_group("limits (as rose-run; they set the grid and the KV pool)")
-    g.add_argument("--max-num-batched-tokens", type=int,
-                   help="most tokens per step (default: max(max-model-len, 2048))")  # fmt: skip
-    g.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
-    g.add_argument("--max-model-len", type=int, help="default: the model's context")
-    g.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
-    g.add_argument("--num-kv-blocks", type=int)
-    g.add_argument("--kv-cache-memory-gb", type=float)
-    g.add_argument("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flag(
+        g,
+        "--max-num-batched-tokens",
+        help="most tokens per step (default: max(--max-model-len, 2048))",
+    )
+    add_flag(g, "--max-num-seqs", default=DEFAULT_MAX_NUM_SEQS)
+    add_flag(g, "--max-model-len")
+    for flag in ("--block-size", "--num-kv-blocks", "--kv-cache-memory-gb"):
+        add_flag(g, flag)
+    add_quiet_args(parser, summary=False)
     return parser
 
 
@@ -631,7 +629,7 @@ def _profile_from_args(args: argparse.Namespace) -> Profile:
         runner, config, model_name=args.model,
         model_spec=model_spec_of(args.model, hf_config, dtype), hf_config=hf_config,
         max_num_batched_tokens=batched, repetitions=args.repetitions, seed=args.seed,
-        show_progress=not args.no_progress, kv_cache_budget_bytes=kv_budget_bytes,
+        show_progress=not args.quiet, kv_cache_budget_bytes=kv_budget_bytes,
     )  # fmt: skip
 
 

@@ -54,6 +54,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from roseinfer.calibration.cost_model import CostModel
+from roseinfer.config import SchedulerConfig
 from roseinfer.experiments.sweep import (
     GridInputs,
     GridPoint,
@@ -335,6 +337,22 @@ def saturation_rate(point: GridPoint, inputs: GridInputs, pool: Sequence[Request
     burst = [dataclasses.replace(r, arrival_time_s=0.0) for r in pool[:4000]]
     result = simulate_point(point, inputs, burst)
     return len(burst) / result.duration_s if result.duration_s > 0 else math.nan
+
+
+def fluid_capacity(
+    requests: Sequence[Request], config: SchedulerConfig, cost_model: CostModel
+) -> float:
+    """The fluid estimate of one engine's capacity on ``requests`` (req/s): every
+    request (at most 4,000) at t = 0, requests per simulated second to drain them
+    (:func:`saturation_rate`). Rates around it (0.5x-1.2x) show a latency curve's knee.
+
+    Raises:
+        ValueError: on no requests.
+    """
+    if not requests:
+        raise ValueError("fluid_capacity needs at least one request")
+    inputs = GridInputs(list(requests), config, cost_model)
+    return saturation_rate(GridPoint(0, "", {}, None, 1, 0), inputs, list(requests))
 
 
 def search_point(point: GridPoint, inputs: GridInputs, search: CapacitySearch) -> dict[str, Any]:

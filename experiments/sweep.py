@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -46,7 +47,8 @@ from roseinfer.config import SchedulerConfig
 from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
-from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
+from roseinfer.routing import Router, build_router
+from roseinfer.simulator.cluster import MAX_REPLICAS, ReplicaSpec, simulate_cluster
 from roseinfer.simulator.engine import simulate
 
 ROUTER_KEYS = ("router", "router_args", "router_staleness_s")
@@ -125,10 +127,10 @@ def parse_replicas(entry: int | str) -> tuple[int, tuple[int, int] | None]:
     counts: tuple[int, ...] = ()
     with contextlib.suppress(ValueError):
         counts = (int(prefill), int(decode)) if sep else (int(text),)
-    if not counts or min(counts) < 1:
+    if not counts or min(counts) < 1 or sum(counts) > MAX_REPLICAS:
         raise ValueError(
-            "num_replicas must be >= 1: an entry is N (colocated replicas) or 'P:D' "
-            f"(prefill:decode replicas); got {entry!r}"
+            f"num_replicas must be in [1, {MAX_REPLICAS}]: an entry is N (colocated replicas) "
+            f"or 'P:D' (prefill:decode replicas); got {str(entry)[:40]!r}"
         )
     if len(counts) == 1:
         return counts[0], None
@@ -150,6 +152,16 @@ class GridInputs:
     replicas: tuple[ReplicaSpec, ...] = ()  # explicit replicas (a replica config), or ()
 
 
+MAX_GRID_POINTS = 10_000
+"""Most points in one sweep or capacity grid: a 25,000-point grid was accepted and ran for
+hours; split a larger study into sweeps."""
+
+
+def _is_rate(value: Any) -> bool:
+    """A request rate: a number > 0, ``inf`` allowed (all at t=0), never NaN or a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def grid_points(
     variants: Mapping[str, Mapping[str, Any]],
     request_rates: Iterable[float] | None = None,
@@ -163,7 +175,22 @@ def grid_points(
         ValueError: on an empty axis or a bad replica entry.
     """
     rates: list[float | None] = list(request_rates) if request_rates is not None else [None]
-    replicas, seed_list = [parse_replicas(n) for n in num_replicas], list(seeds)
+    seed_list, replica_list = list(seeds), list(num_replicas)
+    size = len(variants) * len(rates) * len(replica_list) * len(seed_list)
+    if size > MAX_GRID_POINTS:
+        raise ValueError(
+            f"the grid has {size} points (variants x rates x replica counts x seeds), more than "
+            f"{MAX_GRID_POINTS}; split it into several sweeps"
+        )
+    for rate in rates:
+        if rate is not None and not _is_rate(rate):
+            raise ValueError(
+                f"request_rates: each must be a number > 0 (or inf), got {rate!r}"[:160]
+            )
+    for seed in seed_list:
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise ValueError(f"seeds: each must be an integer >= 0, got {seed!r}"[:160])
+    replicas = [parse_replicas(n) for n in replica_list]
     if not variants or not rates or not replicas or not seed_list:
         raise ValueError("a sweep needs at least one variant, rate, replica count and seed")
     points: list[GridPoint] = []
@@ -234,16 +261,36 @@ def simulate_point(
         return simulate(
             requests, config, inputs.cost_model, registry=registry, keep_token_times=False
         )
-    router_name = str(point.overrides.get("router", "round-robin"))
-    router = registry.router(router_name)(
-        seed=point.seed, options=dict(point.overrides.get("router_args", {}))
-    )
-    staleness = float(point.overrides.get("router_staleness_s", 0.0))
+    router, staleness = point_router(point, registry)
     return simulate_cluster(
         requests, point_replicas(point, inputs), router, registry=registry,
         router_staleness_s=staleness, kv_transfer_link=inputs.kv_transfer_link,
         keep_token_times=False,
     )  # fmt: skip
+
+
+def point_router(point: GridPoint, registry: Registry) -> tuple[Router, float]:
+    """The point's router (its variant's ``router`` and ``router_args``, checked by
+    :func:`roseinfer.routing.build_router`) and ``router_staleness_s``.
+
+    Raises:
+        ValueError: on a non-finite or unknown router knob, or a bad staleness.
+    """
+    router_name = str(point.overrides.get("router", "round-robin"))
+    router = build_router(
+        registry.router(router_name), seed=point.seed,
+        options=dict(point.overrides.get("router_args", {})),
+        source=f"variant {point.variant!r} router_args",
+    )  # fmt: skip
+    staleness = point.overrides.get("router_staleness_s", 0.0)
+    if isinstance(staleness, bool) or not (isinstance(staleness, (int, float)) and staleness >= 0):
+        raise ValueError(
+            f"variant {point.variant!r}: router_staleness_s must be a number >= 0, got "
+            f"{str(staleness)[:40]!r}"
+        )
+    if math.isinf(staleness):
+        raise ValueError(f"variant {point.variant!r}: router_staleness_s must be finite")
+    return router, float(staleness)
 
 
 def point_replicas(point: GridPoint, inputs: GridInputs) -> list[ReplicaSpec]:
@@ -331,8 +378,11 @@ def run_grid(
     )
     inputs = GridInputs(list(requests), base, cost_model, burstiness, goodput,
                         kv_bytes_per_token, kv_transfer_link, num_gpus_per_replica)  # fmt: skip
-    for point in points:  # fail fast on a bad key, before any task starts
+    checked = registry if registry is not None else load_registry()
+    for point in points:  # fail fast on a bad key or router knob, before any task starts
         apply_overrides(base, point.overrides)
+        if point.num_replicas > 1 or "router" in point.overrides:
+            point_router(point, checked)
     rows = map_points(
         lambda p, i: run_point(p, i, registry), points, inputs, backend, ray_address, progress
     )

@@ -6,7 +6,7 @@ A grid file (TOML) has three parts::
     workload = "azure-conv-sample"
     num_requests = 400
     model = "llama-3.1-8b"
-    device = "h100-sxm"
+    hardware = "h100-sxm"
 
     [grid]
     request_rates = [2, 4, 8, 16]   # req/s (arrivals re-drawn, vLLM bench semantics)
@@ -39,10 +39,15 @@ import pandas as pd
 from roseinfer.cli import (
     ArgumentParser,
     CliError,
+    add_flag,
+    add_quiet_args,
     build_workload,
     fit_workload,
+    float_in,
     friendly_errors,
+    int_in,
     scheduler_config,
+    warn_to,
 )
 from roseinfer.experiments.capacity import (
     DEFAULT_ATTAINMENT,
@@ -62,7 +67,7 @@ from roseinfer.experiments.sweep import (
     run_grid,
 )
 from roseinfer.metrics import parse_goodput
-from roseinfer.registry import load_registry
+from roseinfer.registry import load_registry, warning_sink
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,8 +99,8 @@ def sweep_parser() -> argparse.ArgumentParser:
         "replicas) and save one row per point as Parquet.",
     )
     parser.add_argument("grid", type=Path, help="grid file (TOML; see the module docs)")
-    parser.add_argument("--goodput", nargs="+", metavar="METRIC:MS", help="SLOs for goodput")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    add_flag(parser, "--goodput")
+    add_quiet_args(parser)
     _add_backend_args(parser)
     return parser
 
@@ -106,6 +111,7 @@ def capacity_parser() -> argparse.ArgumentParser:
 
     parser = build_parser()
     parser.prog = "rose-sim capacity"
+    parser.epilog = None
     parser.description = (
         "Find the highest steady-state request rate meeting the SLOs (bisection on the rate "
         "from a fluid estimate, as Vidur-Search), for the flags' configuration or every "
@@ -122,34 +128,40 @@ def capacity_parser() -> argparse.ArgumentParser:
         "e.g. 2 1:1 (the table adds capacity per GPU)",
     )
     g.add_argument(
-        "--min-rate", type=float, default=0.01, help="lowest rate probed (req/s; default 0.01)"
+        "--min-rate",
+        type=float_in(0, lo_open=True),
+        default=0.01,
+        help="lowest rate probed (req/s; default 0.01)",
     )
     g.add_argument(
-        "--max-rate", type=float, default=1e6, help="highest rate probed (req/s; default 1e6)"
+        "--max-rate",
+        type=float_in(0, lo_open=True),
+        default=1e6,
+        help="highest rate probed (req/s; default 1e6)",
     )
     g.add_argument(
         "--min-duration-s",
-        type=float,
+        type=float_in(0, lo_open=True),
         default=DEFAULT_MIN_DURATION_S,
         help="shortest probe horizon in simulated seconds; a probe runs for max(this, "
         f"2 x the largest SLO / --tolerance) (default {DEFAULT_MIN_DURATION_S:g})",
     )
     g.add_argument(
         "--min-measured-requests",
-        type=int,
+        type=int_in(1),
         default=MIN_MEASURED_REQUESTS,
         help="fewest requests a probe measures: the attainment's precision "
         f"(default {MIN_MEASURED_REQUESTS}: sampling error < 1 point at 90%%)",
     )
     g.add_argument(
         "--tolerance",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=DEFAULT_TOLERANCE,
         help=f"stop when the bracket is this fraction of the rate (default {DEFAULT_TOLERANCE})",
     )
     g.add_argument(
         "--attainment",
-        type=float,
+        type=float_in(0, 1, lo_open=True),
         default=DEFAULT_ATTAINMENT,
         help=f"share of requests that must meet every SLO (default {DEFAULT_ATTAINMENT}, DistServe)",
     )
@@ -268,7 +280,7 @@ def save_rows(frame: pd.DataFrame, path: Path | None) -> None:
 def sweep_main(argv: list[str]) -> int:
     """``rose-sim sweep GRID.toml``."""
     args = sweep_parser().parse_args(argv)
-    with friendly_errors("rose-sim sweep"):
+    with friendly_errors("rose-sim sweep"), warning_sink(warn_to("rose-sim sweep")):
         goodput = parse_goodput(args.goodput) if args.goodput else None
         data, inputs = load_grid(args.grid, goodput)
         axes = data.get("grid", {})
@@ -291,7 +303,7 @@ def sweep_main(argv: list[str]) -> int:
         )
         output = args.output or args.grid.with_suffix(".parquet")
         save_rows(frame, output)
-        if not args.quiet:
+        if not args.no_summary:
             cols = ["variant", "router", "replicas", "request_rate", "p99_ttft_ms"]
             print(frame[cols + ["p99_tpot_ms", "request_throughput"]].round(2).to_string())
             print(f"{len(frame)} points -> {output}")
@@ -301,7 +313,7 @@ def sweep_main(argv: list[str]) -> int:
 def capacity_main(argv: list[str]) -> int:
     """``rose-sim capacity --goodput ttft:MS ...``."""
     args = capacity_parser().parse_args(argv)
-    with friendly_errors("rose-sim capacity"):
+    with friendly_errors("rose-sim capacity"), warning_sink(warn_to("rose-sim capacity")):
         if not args.goodput:
             raise CliError("capacity needs SLOs: --goodput ttft:MS [tpot:MS e2el:MS queue:pXX:MS]")
         points, inputs, num_requests = _capacity_points(args)
@@ -319,6 +331,8 @@ def capacity_main(argv: list[str]) -> int:
         )
         frame = pd.DataFrame(rows)
         save_rows(frame, args.output)
+        if args.no_summary:
+            return 0
         slo_text = " ".join(str(c) for c in search.slos)
         print(
             f"steady-state capacity at {slo_text}, attainment >= {args.attainment:.0%}, "

@@ -102,12 +102,50 @@ def parse_policy_env(text: str | None, registry: Registry) -> PolicySettings:
             f"{where}: --chunk-head cannot be honoured: vLLM sizes prefill chunks itself "
             "(max_num_batched_tokens, long_prefill_token_threshold); drop --chunk-head"
         )
+    if (
+        getattr(registry.policy(policy), "uses_length_predictor", False)
+        and options.get("length_predictor") is None
+    ):
+        # NOTE: a server has no workload to fit `bucket` on; a request's max_tokens is
+        # what it declares, so that is the default here (announced at start)
+        options = options.replace(length_predictor=SERVER_LENGTH_PREDICTOR)
     settings = PolicySettings(text, policy, loop_order, options, max_tokens, max_seqs)
     try:
         settings.make(registry)  # a knob only the policy checks (e.g. --hrrn-decode-ms 0)
     except ValueError as err:
         raise ConfigError(f"{where}: {_one_line(err)}") from None
     return settings
+
+
+SERVER_LENGTH_PREDICTOR = "oracle"
+"""A length-aware policy's predictor inside a server when none is given: ``oracle``,
+which there ranks by each request's declared ``max_tokens`` (the workload-fitted
+``bucket`` default of rose-sim cannot be fitted without a workload)."""
+
+
+def unfitted_predictor_warning(settings: PolicySettings, registry: Registry) -> str | None:
+    """What vLLM should log at start about the policy's length predictor: which one
+    it ranks by when the default was taken, or that ``bucket`` (given explicitly)
+    cannot be fitted in a server, so every request gets one prediction and the
+    policy runs as FIFO (as rose-serve warns). None otherwise."""
+    from roseinfer.prediction import LENGTH_PREDICTOR_OPTION
+
+    if not getattr(registry.policy(settings.policy), "uses_length_predictor", False):
+        return None
+    predictor = str(settings.options.get("length_predictor", LENGTH_PREDICTOR_OPTION.default))
+    if predictor == SERVER_LENGTH_PREDICTOR and "--length-predictor" not in settings.text:
+        return (
+            f"--policy {settings.policy} ranks by the oracle length predictor, the default "
+            "inside a server: each request's max_tokens (give --length-predictor to change it)"
+        )
+    if predictor != "bucket":
+        return None
+    return (
+        f"--policy {settings.policy} ranks by the bucket length predictor, which vLLM cannot "
+        "fit (no workload up front): every request gets one prediction and the policy runs "
+        f"as FIFO; add --length-predictor oracle to {ENV_POLICY_ARGS} to rank by each "
+        "request's max_tokens, or use a predictor plugin"
+    )
 
 
 def check_vllm_config(*, scheduling_policy: str) -> None:

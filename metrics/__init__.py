@@ -29,10 +29,11 @@ _EXPORTS: dict[str, str] = {
     "SCHEMA": "schema",
     "SLO_METRICS": "summary",
     "STATUSES": "schema",
-    "VTC_WEIGHTS": "classes",
+    "VTC_WEIGHTS": "fairness",
     "check_output_path": "io",
     "escape_formula": "io",
     "format_summary": "summary",
+    "fair_share_fairness": "fairness",
     "jain_index": "fairness",
     "latency_values_ms": "summary",
     "parse_goodput": "summary",
@@ -45,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "service_fairness": "classes",
     "slo_met": "classes",
     "summarize": "summary",
+    "tenant_fair_share": "fairness",
     "tenant_fairness": "fairness",
     "tenant_service": "classes",
     "validate_records": "schema",
@@ -68,8 +70,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .classes import VTC_WEIGHTS, per_class, service_fairness, slo_met, tenant_service
-    from .fairness import NO_TENANT, jain_index, per_tenant, tenant_fairness
+    from .classes import per_class, service_fairness, slo_met, tenant_service
+    from .fairness import (
+        NO_TENANT,
+        VTC_WEIGHTS,
+        fair_share_fairness,
+        jain_index,
+        per_tenant,
+        tenant_fair_share,
+        tenant_fairness,
+    )
     from .histogram import LogHistogram
     from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
     from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
@@ -98,6 +108,7 @@ __all__ = [
     "Column",
     "check_output_path",
     "escape_formula",
+    "fair_share_fairness",
     "format_summary",
     "jain_index",
     "latency_values_ms",
@@ -111,6 +122,7 @@ __all__ = [
     "service_fairness",
     "slo_met",
     "summarize",
+    "tenant_fair_share",
     "tenant_fairness",
     "tenant_service",
     "validate_records",

@@ -1,4 +1,4 @@
-"""Per-class tables, SLO attainment and goodput per class, and service fairness.
+"""Per-class tables, SLO attainment and goodput per class, and per-tenant service.
 
 A *class* is a request's ``priority`` (lower is more urgent, vLLM's
 convention) or any other records column (``by=``, e.g. ``"tenant"``). A
@@ -16,12 +16,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from .fairness import NO_TENANT, jain_index
+from .fairness import NO_TENANT, VTC_WEIGHTS, fair_share_fairness
 from .schema import validate_records
 from .summary import _check_slos, _num_good
-
-VTC_WEIGHTS = (1.0, 2.0)
-"""(input, output) token weights of service, VTC's defaults (Sheng et al., OSDI 2024)."""
 
 
 def _labels(df: pd.DataFrame, by: str) -> pd.Series:
@@ -127,16 +124,22 @@ def service_fairness(
     df: pd.DataFrame,
     weights: tuple[float, float] = VTC_WEIGHTS,
     *,
-    window_s: tuple[float, float] | None = None,
+    window_s: float | None = None,
 ) -> float:
-    """Jain's index over the tenants' weighted service (:func:`tenant_service`).
+    """Deprecated name of :func:`roseinfer.metrics.fairness.fair_share_fairness`
+    (Jain's index over each tenant's service normalized by its max-min fair
+    share). Until issue 18 it was Jain's index over the tenants' total service,
+    which a drained run makes the same for every policy (the demand imbalance).
 
-    Service counts requests that finished inside ``window_s`` (default: the
-    whole run). It is 1.0 when every tenant got the same service, which is the
-    fair outcome only while every tenant is backlogged (VTC's setting): a light
-    tenant that asks for less scores lower without being treated unfairly.
+    ``window_s`` here is the window length in seconds (it was a (start, end)
+    filter); a tuple is refused.
+
+    Raises:
+        ValueError: on missing columns, negative weights, or a bad window.
     """
-    if window_s is not None:
-        lo, hi = window_s
-        df = df[(df["finish_s"] >= lo) & (df["finish_s"] <= hi)]
-    return jain_index(tenant_service(df, weights).to_numpy())
+    if isinstance(window_s, tuple):
+        raise ValueError(
+            "service_fairness(window_s=(start, end)) is gone: filter the records by finish_s, "
+            "or use fair_share_fairness(df, window_s=SECONDS)"
+        )
+    return fair_share_fairness(df, weights, window_s=window_s)

@@ -1,11 +1,37 @@
-"""Per-tenant breakdown and Jain's fairness index.
+"""Per-tenant breakdown and Jain's fairness indices.
 
-Fairness here is over latency, not throughput: ``tenant_fairness`` is Jain's
-index over the tenants' mean *normalized latency* (E2EL divided by output
-tokens, ms per token; the "normalized latency" of the vLLM/PagedAttention
-paper), a slowdown that does not need a reference latency. Output-token share
-is reported per tenant but not folded into the index, because a fair share of
-tokens depends on each tenant's demand, which records do not carry.
+Two indices, for two questions:
+
+- :func:`fair_share_fairness` (the result files' fairness figure) measures
+  fairness as VTC defines it (Sheng et al., "Fairness in Serving Large Language
+  Models", OSDI 2024): a tenant's *service* is its weighted tokens,
+  ``w_in * prompt + w_out * output`` (VTC's weights 1 and 2,
+  :data:`VTC_WEIGHTS`), and a fair scheduler splits the service it delivers
+  max-min fairly among the tenants that ask for it: a tenant that asks for
+  less than an equal split gets all it asks, backlogged tenants split the rest
+  equally. The run is cut into windows; in each, the capacity is the service
+  delivered to all tenants, a tenant's *demand* is the service it received
+  plus the service of its requests still waiting (arrived, not admitted) at
+  the window's end (a tenant with nothing waiting asked for no more than it
+  got), and its *fair share* is its water-filling (max-min) share of the
+  capacity under those demands. A tenant's normalized service is
+  the service it received over the windows divided by its fair share; the
+  index is Jain's over those ratios. It is 1.0 when every tenant got its fair
+  share (e.g. under ``vtc``, or when nothing queues) and falls toward
+  ``1/num_tenants`` as one tenant takes the others' shares (e.g. under
+  ``fifo`` when a heavy tenant floods the queue). Each request's prompt
+  service is spread evenly from its admission to its first token, its output
+  service from its first token to its finish.
+- :func:`tenant_fairness` is Jain's index over the tenants' mean *normalized
+  latency* (E2EL per output token, the vLLM/PagedAttention paper's normalized
+  latency): equality of slowdown. It is not VTC's fairness: FIFO makes every
+  tenant wait alike, so it scores high when a heavy tenant delays a light one.
+
+Jain's index over the tenants' total weighted service (the pre-issue-18
+``jain_service_fairness``) is not kept: once a run drains, every tenant has
+received exactly what it asked for, so it measures the workload's demand
+imbalance and is the same for every policy (0.612 on the two-tenant 10:1
+workload, vtc included).
 """
 
 from __future__ import annotations
@@ -19,6 +45,12 @@ from numpy.typing import ArrayLike
 from .schema import validate_records
 
 NO_TENANT = "(none)"  # label for requests whose tenant is None
+
+VTC_WEIGHTS = (1.0, 2.0)
+"""(input, output) token weights of service, VTC's defaults (Sheng et al., OSDI 2024)."""
+
+DEFAULT_NUM_WINDOWS = 50
+"""Windows :func:`fair_share_fairness` cuts a run into when no ``window_s`` is given."""
 
 
 def jain_index(values: ArrayLike) -> float:
@@ -112,3 +144,127 @@ def tenant_fairness(df: pd.DataFrame) -> float:
     NaN when no tenant has a finished request with output tokens.
     """
     return jain_index(per_tenant(df)["mean_norm_latency_ms"])
+
+
+def _water_fill(demand: np.ndarray, capacity: float) -> np.ndarray:
+    """Max-min fair shares of ``capacity`` among ``demand`` (each share <= its demand)."""
+    share = np.zeros_like(demand)
+    left, active = capacity, demand > 0
+    while left > 1e-12 and active.any():
+        level = left / active.sum()
+        small = active & (demand - share <= level)
+        if small.any():
+            left -= float((demand[small] - share[small]).sum())
+            share[small] = demand[small]
+            active &= ~small
+        else:
+            share[active] += level
+            left = 0.0
+    return share
+
+
+def _spread(
+    start: np.ndarray, end: np.ndarray, amount: np.ndarray, edges: np.ndarray
+) -> np.ndarray:
+    """``amount`` of each request spread evenly over [start, end] (a point when
+    equal), summed per window between ``edges``: shape (requests, windows)."""
+    lo, hi = edges[:-1][None, :], edges[1:][None, :]
+    s, e = start[:, None], end[:, None]
+    length = e - s
+    overlap = np.clip(np.minimum(e, hi) - np.maximum(s, lo), 0.0, None)
+    point = (s >= lo) & ((s < hi) | (hi == edges[-1]))  # zero-length: the window it falls in
+    frac = np.where(length > 0, overlap / np.where(length > 0, length, 1.0), point)
+    return frac * amount[:, None]
+
+
+def tenant_fair_share(
+    df: pd.DataFrame,
+    weights: tuple[float, float] = VTC_WEIGHTS,
+    *,
+    window_s: float | None = None,
+) -> pd.DataFrame:
+    """Per tenant: service received, its max-min fair share, and their ratio
+    (see the module docstring for the definitions).
+
+    Args:
+        df: a run's records (``roseinfer.metrics.schema``).
+        weights: ``(w_in, w_out)``, service per prompt and per output token.
+        window_s: window length in seconds (default: the run's span / 50).
+
+    Returns:
+        One row per tenant (sorted; ``None`` tenants as ``"(none)"``):
+        ``tenant``, ``service`` (weighted tokens received), ``fair_share``
+        (weighted tokens) and ``normalized_service`` (service / fair share;
+        NaN when the fair share is 0). Empty when nothing finished.
+
+    Raises:
+        ValueError: on missing columns, negative weights or a window <= 0.
+    """
+    validate_records(df)
+    w_in, w_out = (float(w) for w in weights)
+    if not (w_in >= 0 and w_out >= 0 and math.isfinite(w_in + w_out)):
+        raise ValueError(f"service weights must be finite and >= 0, got {weights!r}")
+    if window_s is not None and not (math.isfinite(window_s) and window_s > 0):
+        raise ValueError(f"window_s must be a finite number > 0, got {window_s!r}")
+    done = df[df["status"].to_numpy() == "finished"]
+    columns = ["tenant", "service", "fair_share", "normalized_service"]
+    if done.empty:
+        return pd.DataFrame(columns=columns)
+    tenant = done["tenant"].astype(object)
+    labels = tenant.where(tenant.notna(), NO_TENANT).astype(str).to_numpy()
+    arrival = done["arrival_s"].to_numpy(dtype=np.float64)
+    admitted = done["admitted_s"].to_numpy(dtype=np.float64)
+    admitted = np.where(np.isnan(admitted), arrival, admitted)
+    first = done["first_token_s"].to_numpy(dtype=np.float64)
+    finish = done["finish_s"].to_numpy(dtype=np.float64)
+    prompt = w_in * done["num_prompt_tokens"].to_numpy(dtype=np.float64)
+    output = w_out * done["num_output_tokens"].to_numpy(dtype=np.float64)
+    t0, t1 = float(arrival.min()), float(finish.max())
+    span = max(t1 - t0, 1e-9)
+    num = max(1, math.ceil(span / window_s)) if window_s else DEFAULT_NUM_WINDOWS
+    edges = np.linspace(t0, t0 + (num * window_s if window_s else span), num + 1)
+    got = _spread(admitted, first, prompt, edges) + _spread(first, finish, output, edges)
+    end = edges[1:][None, :]
+    queued = ((arrival[:, None] <= end) & (admitted[:, None] > end)) * (prompt + output)[:, None]
+    names = sorted(set(labels))
+    index = np.array([names.index(x) for x in labels])
+    received = np.zeros((len(names), num))
+    waiting = np.zeros((len(names), num))
+    np.add.at(received, index, got)
+    np.add.at(waiting, index, queued)
+    demand = received + waiting
+    fair = np.zeros_like(received)
+    for k in range(num):
+        fair[:, k] = _water_fill(demand[:, k], float(received[:, k].sum()))
+    service, share = received.sum(axis=1), fair.sum(axis=1)
+    ratio = np.divide(service, share, out=np.full_like(service, np.nan), where=share > 0)
+    return pd.DataFrame(
+        {"tenant": names, "service": service, "fair_share": share, "normalized_service": ratio}
+    )
+
+
+def fair_share_fairness(
+    df: pd.DataFrame,
+    weights: tuple[float, float] = VTC_WEIGHTS,
+    *,
+    window_s: float | None = None,
+) -> float:
+    """Jain's index over the tenants' normalized service (service received /
+    max-min fair share, VTC's service measure; see the module docstring).
+
+    1.0 when every tenant received its fair share; toward ``1/num_tenants`` as
+    one tenant takes the others'. NaN with no finished request; 1.0 with one
+    tenant.
+
+    Args:
+        df: a run's records.
+        weights: ``(w_in, w_out)`` service per prompt and output token (VTC's 1, 2).
+        window_s: window length in seconds (default: the run's span / 50).
+
+    Raises:
+        ValueError: on missing columns, negative weights or a window <= 0.
+    """
+    table = tenant_fair_share(df, weights, window_s=window_s)
+    if table.empty:
+        return math.nan
+    return jain_index(table["normalized_service"].to_numpy(dtype=np.float64))

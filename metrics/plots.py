@@ -8,7 +8,7 @@ the Axes. pyplot is imported on first use, not at import time, so importing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -75,20 +75,42 @@ def plot_p99_vs_rate(
     if rows.empty:
         raise ValueError("no row of sweep_df has a request_rate to plot against")
     ax = _axes(ax)
-    for label, group in rows.groupby(by, sort=False):
+    for i, (label, group) in enumerate(rows.groupby(by, sort=False)):
         group = group.sort_values("request_rate")
-        ax.plot(group["request_rate"].astype(float), group[column], marker="o", label=str(label))
+        ax.plot(
+            group["request_rate"].astype(float), group[column], label=str(label), **series_style(i)
+        )
     ax.set_xlabel("Request rate (req/s)")
     ax.set_ylabel(f"{_quantile_label(quantile)} {_metric_label(metric)} (ms)")
-    ax.legend(title=by)
+    ax.legend(title=by, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     ax.grid(True, alpha=0.3)
     return ax
 
 
-def _plot_one_cdf(ax: Axes, values_ms: np.ndarray, label: str) -> None:
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p")
+
+
+def series_style(index: int) -> dict[str, Any]:
+    """Colour, marker and line style of the ``index``-th series: 20 colours of
+    matplotlib's ``tab20`` (pairs reordered so neighbours differ) times 12 markers,
+    so no two of the first 60 series look alike and none relies on colour alone."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    colour = cmap(((2 * index) % 20 + (index // 10) % 2) / 20 + 1e-3)
+    return {
+        "color": colour,
+        "marker": _MARKERS[index % len(_MARKERS)],
+        "linestyle": ("-", "--", ":")[(index // 20) % 3],
+    }
+
+
+def _plot_one_cdf(ax: Axes, values_ms: np.ndarray, label: str, index: int) -> None:
     values = np.sort(values_ms[~np.isnan(values_ms)])
     fraction = np.arange(1, values.size + 1) / max(values.size, 1)
-    ax.step(values, fraction, where="post", label=label)
+    style = series_style(index)
+    ax.step(values, fraction, where="post", label=label, color=style["color"],
+            linestyle=style["linestyle"])  # fmt: skip
 
 
 def plot_cdf(
@@ -107,14 +129,14 @@ def plot_cdf(
         ValueError: on an unknown metric.
     """
     ax = _axes(ax)
-    for label, records in records_by_label.items():
-        _plot_one_cdf(ax, latency_values_ms(records, metric), label)
+    for i, (label, records) in enumerate(records_by_label.items()):
+        _plot_one_cdf(ax, latency_values_ms(records, metric), label, i)
     unit = "token gaps" if metric == "itl" else "requests"
     ax.set_xlabel(f"{_metric_label(metric)} (ms)")
     ax.set_ylabel(f"CDF (fraction of {unit})")
     ax.set_ylim(0.0, 1.02)
     if records_by_label:
-        ax.legend()
+        ax.legend(loc="lower right", fontsize="small")
     ax.grid(True, alpha=0.3)
     return ax
 
@@ -172,10 +194,11 @@ def plot_tenant_ttft(
         col = done["tenant"].astype(object)
         values = ttft.groupby(col.where(col.notna(), "(none)").astype(str)).quantile(quantile)
         xs = np.arange(len(tenants)) + i * width
-        ax.bar(xs, [values.get(t, np.nan) for t in tenants], width, label=label)
+        colour = series_style(i)["color"]
+        ax.bar(xs, [values.get(t, np.nan) for t in tenants], width, label=label, color=colour)
     ax.set_xticks(np.arange(len(tenants)) + 0.4 - width / 2, tenants)
     ax.set_yscale("log")
     ax.set_xlabel("tenant")
     ax.set_ylabel(f"p{quantile * 100:g} TTFT (ms)")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return ax

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from roseinfer import hookimpl
 from roseinfer.interface import CHUNK_HEAD_OPTION, AdmissionPolicy, PolicyContext, PolicyOption
 from roseinfer.sequence import Sequence as Seq
@@ -37,6 +40,18 @@ class LongestPrefixMatch(AdmissionPolicy):
     def __init__(self, options=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(options)
         self._aging_s = float(self.opt("lpm_aging_s"))
+
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """lpm ranks on cached prefixes: none without prefix caching or prompt identity."""
+        if config is not None and not getattr(config, "enable_prefix_caching", True):
+            return ["lpm: prefix caching is off (--enable-prefix-caching), so nothing is "
+                    "ever cached and lpm admits in arrival order, as fifo"]  # fmt: skip
+        if requests and not any(
+            r.prompt_token_ids is not None or r.prefix_hash_ids is not None for r in requests
+        ):
+            return ["lpm: no request carries prompt token ids or prefix hash ids, so no two "
+                    "prompts share a cached prefix and lpm admits in arrival order, as fifo"]  # fmt: skip
+        return []
 
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[int, float, int]:
         """(0, arrival, id) when aged, else (1, -cached prompt tokens, id)."""

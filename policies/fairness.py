@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from typing import Any
 
 from roseinfer import hookimpl
 from roseinfer.admission import head_choice
@@ -70,6 +71,15 @@ class VirtualTokenCounter(AdmissionPolicy):
             raise ValueError(
                 f"--vtc-input-weight/--vtc-output-weight must be >= 0, got {self._weights}"
             )
+
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """vtc needs two tenants to share anything."""
+        tenants = {r.tenant for r in requests}
+        if len(tenants) < 2 and requests:
+            who = "no request names a tenant" if tenants == {None} else "one tenant"
+            return [f"vtc: {who}, so vtc admits in arrival order, as fifo "
+                    "(give a 'tenant' trace column)"]  # fmt: skip
+        return []
 
     def observe_step(self, report: StepReport) -> None:
         """Charge every tenant for the tokens its requests computed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from roseinfer import hookimpl
 from roseinfer.interface import CHUNK_HEAD_OPTION, AdmissionPolicy, PolicyContext, PolicyOption
@@ -27,7 +28,15 @@ class Priority(AdmissionPolicy):
     uses_token_budget = True
     may_preempt = True
     option_specs = (CHUNK_HEAD_OPTION,)
-    guarantees = ("ranked-prefix", "strict-priority")
+    guarantees = ("ranked-prefix", "strict-priority", "preempt-strictly-lower-priority")
+
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """priority needs two priority values to order anything."""
+        values = {r.priority for r in requests}
+        if len(values) < 2 and requests:
+            return [f"priority: every request has priority {values.pop()}, so priority "
+                    "admits in arrival order, as fifo (give a 'priority' trace column)"]  # fmt: skip
+        return []
 
     def rank(self, seq: Seq, ctx: PolicyContext) -> tuple[int, float, int]:
         """(priority, arrival time, seq_id)."""
@@ -78,6 +87,13 @@ class EarliestDeadline(AdmissionPolicy):
         ),
         CHUNK_HEAD_OPTION,
     )
+
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """edf needs deadlines."""
+        if requests and all(r.deadline_s is None for r in requests):
+            return ["edf: no request has a deadline_s, so edf admits in arrival order, as "
+                    "fifo (give a 'deadline_s' trace column)"]  # fmt: skip
+        return []
 
     @staticmethod
     def due_s(seq: Seq) -> float:

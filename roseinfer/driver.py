@@ -19,6 +19,7 @@ and the host work between two forwards belongs to the step it prepares.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,53 @@ from roseinfer.interface import PolicyError
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
 from roseinfer.sequence import Sequence as Seq
+
+_LOG = logging.getLogger("roseinfer.policy")
+_WARNED: set[tuple[int, str]] = set()
+
+
+def policy_warning(message: str) -> None:
+    """Report ``message`` once per process: through the CLI's warning sink when
+    one is set (``roseinfer.registry.set_warning_sink``: ``prog: warning: ...``),
+    else as ``warning: {message}`` through the ``roseinfer.policy`` logger (so an
+    application's logging config applies). A sweep or capacity search that
+    replays many runs says it once."""
+    from roseinfer import registry
+
+    sink = getattr(registry, "_WARNING_SINK", None)
+    key = (id(sink), message)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    if sink is not None:
+        sink(message)
+    else:
+        _LOG.warning("warning: %s", message)
+
+
+def start_replay(
+    scheduler: Scheduler,
+    requests: Sequence[Request],
+    warn: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Show the policy the whole workload before a replay: ``prepare`` (e.g. fit
+    a length predictor), then report what the policy needs and the workload
+    lacks (:meth:`roseinfer.interface.AdmissionPolicy.input_warnings`: lpm
+    without prefix caching, edf without deadlines, a defaulted length
+    predictor, ...), one line each through ``warn`` (default
+    :func:`policy_warning`, once per process).
+
+    Returns:
+        The warning lines (empty: nothing missing).
+
+    Raises:
+        PolicyError: if the policy raises (names the plugin).
+    """
+    scheduler.policy.prepare(requests)
+    lines = list(scheduler.policy.input_warnings(requests, scheduler.config))
+    for line in lines:
+        (warn or policy_warning)(line)
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +216,7 @@ def drive(
     clock: Clock,
     on_ended: Callable[[list[Seq]], None],
     on_step: StepObserver | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> None:
     """Replay ``requests`` (sorted by arrival) to the end of the last one.
 
@@ -180,12 +229,14 @@ def drive(
         on_ended: called with the requests that ended (finished, rejected), in
             the order they ended, after each step and after each arrival batch.
         on_step: called after each applied output (see :data:`StepObserver`).
+        warn: where the policy's missing-input warnings go (:func:`start_replay`;
+            default :func:`policy_warning`).
 
     Raises:
         PolicyError: if requests wait, nothing runs and the policy admits
             nothing (the run would never end), or a policy answer is invalid.
     """
-    scheduler.policy.prepare(requests)  # e.g. fit a length predictor
+    start_replay(scheduler, requests, warn)  # e.g. fit a length predictor; warn once
     i, num_requests = 0, len(requests)
     # The run starts at t=0 on the clock (the executor's clock starts just before):
     # a real run and its simulation then share every step boundary.

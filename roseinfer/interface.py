@@ -293,6 +293,46 @@ class PolicyContext:
     free_seats: int = 0
 
 
+GUARANTEES: dict[str, str] = {
+    "ranked-prefix": "every selection is the best-ranked prefix of the waiting queue under "
+    "its rank (force-FIFO rounds aside)",
+    "strict-priority": "no admitted request has a larger priority value than one left waiting",
+    "aging-bound": "a request waiting longer than the aging bound (--lpm-aging-s) is passed "
+    "only by older requests",
+    "vtc-bound": "while two tenants are backlogged their weighted service differs by at most "
+    "2 * (w_p * longest prompt + w_q * KV pool tokens) (Sheng et al., OSDI 2024, Thm 4.3)",
+    "later-only-if-shorter": "a later arrival is admitted before a waiting request only with a "
+    "strictly shorter predicted output",
+    "preempt-strictly-longer": "every policy preemption's victim has strictly more remaining "
+    "predicted output than a waiting request it makes room for",
+    "preempt-pays-recompute": "a policy preemption happens only when the victim's remaining "
+    "work exceeds --srpt-preempt-factor times the waiting request's remaining work plus the "
+    "victim's recompute",
+    "preempt-strictly-lower-priority": "every policy preemption's victim has a strictly larger "
+    "priority value than a waiting request it makes room for",
+}
+"""The one registry of guarantee names a policy may declare in ``guarantees``:
+name -> what it promises. ``tests/test_properties.py`` checks each declared name
+for each policy that declares it; a name not in here is an error when the
+policy is registered (:func:`check_guarantees`). A third-party plugin that
+promises something new adds its name here, with its check."""
+
+
+def check_guarantees(cls: type) -> None:
+    """Check that every name in ``cls.guarantees`` is in :data:`GUARANTEES`.
+
+    Raises:
+        ValueError: naming the class, the unknown name and the known ones.
+    """
+    declared = getattr(cls, "guarantees", ())
+    if isinstance(declared, str) or not isinstance(declared, tuple):
+        raise ValueError(f"{cls.__name__}.guarantees must be a tuple of names, got {declared!r}")
+    for name in declared:
+        if name not in GUARANTEES:
+            known = ", ".join(sorted(GUARANTEES))
+            raise ValueError(f"{cls.__name__} declares unknown guarantee {name!r}; known: {known}")
+
+
 Choice = Union["Seq", tuple["Seq", int]]
 """One admission: a waiting request, or ``(request, num_tokens)`` to prefill only
 its first ``num_tokens`` uncached tokens this step (a chunk; needs chunked prefill)."""
@@ -322,8 +362,9 @@ class AdmissionPolicy:
         option_specs: typed knobs this plugin reads (:class:`PolicyOption`); the
             CLIs turn each into a flag, and a knob no plugin of a run declares is
             an error.
-        guarantees: names of the properties it declares (checked by
-            ``tests/test_properties.py``), e.g. ``"strict-priority"``.
+        guarantees: names of the properties it declares, from :data:`GUARANTEES`
+            (an unknown name is an error at registration); ``tests/test_properties.py``
+            checks each one for each policy that declares it.
     """
 
     name: ClassVar[str] = ""
@@ -363,6 +404,19 @@ class AdmissionPolicy:
         """Called once with the whole workload (``list[Request]`` sorted by
         arrival) before a replay, e.g. to fit a length predictor on a training
         slice. An online server never calls it. Default: nothing."""
+
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """What this policy needs that the workload lacks, one line each.
+
+        Called once before a replay (after :meth:`prepare`) with the whole
+        workload (``list[Request]``) and the run's
+        :class:`roseinfer.config.SchedulerConfig` (or None); the driver prints
+        each line once as a warning (:func:`roseinfer.driver.start_replay`). A
+        policy whose inputs are missing (``lpm`` without prefix caching or token
+        ids, ``edf`` without deadlines, ``priority`` with one priority, ``vtc``
+        with one tenant) says it behaves as FIFO. Default: nothing.
+        """
+        return []
 
     def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """Name running requests to preempt (by recompute) in favour of waiting ones.
@@ -526,6 +580,10 @@ class PolicyWrapper(AdmissionPolicy):
         """Delegate to the wrapped policy."""
         self.inner.prepare(requests)
 
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """Delegate to the wrapped policy."""
+        return self.inner.input_warnings(requests, config)
+
     def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """Delegate to the wrapped policy."""
         return self.inner.preempt(waiting, ctx)
@@ -596,6 +654,12 @@ class ComposedPolicy(AdmissionPolicy):
         """Delegate to the admission policy."""
         self._admission_call("prepare", self.admission.prepare, requests)
 
+    def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:
+        """Delegate to the admission policy."""
+        return self._admission_call(
+            "input_warnings", self.admission.input_warnings, requests, config
+        )
+
     def preempt(self, waiting: Sequence[Seq], ctx: PolicyContext) -> list[Seq]:
         """Delegate to the admission policy."""
         return self._admission_call("preempt", self.admission.preempt, waiting, ctx)
@@ -651,9 +715,13 @@ class ComposedPolicy(AdmissionPolicy):
 
 
 def _label(policy: AdmissionPolicy) -> str:
+    """The policy's name, with its length predictor (``sjf[oracle]``) and wrappers
+    (``pack+force-fifo``), so a result's ``policy`` records both."""
     if isinstance(policy, PolicyWrapper):
         return f"{_label(policy.inner)}+{policy.name}"
-    return policy.name
+    predictor: Any = getattr(policy, "predictor", None)
+    predictor_name = str(getattr(predictor, "name", "") or "") if predictor is not None else ""
+    return f"{policy.name}[{predictor_name}]" if predictor_name else policy.name
 
 
 def _base(policy: AdmissionPolicy) -> AdmissionPolicy:

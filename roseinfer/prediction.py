@@ -15,12 +15,18 @@ from typing import Any, ClassVar
 from roseinfer.interface import PolicyOption, PolicyOptions
 from roseinfer.request import Request
 
+DEFAULT_LENGTH_PREDICTOR = "bucket"
+"""The predictor of a length-aware policy given none: a realistic, learned one
+(``oracle`` is an upper bound a server never has). A run that falls back on it
+says so (:meth:`roseinfer.interface.AdmissionPolicy.input_warnings`)."""
+
 LENGTH_PREDICTOR_OPTION = PolicyOption(
     "length_predictor",
     str,
-    "oracle",
-    "length-aware policies: output-length predictor (oracle, noisy-oracle, bucket, none; "
-    "see --list-policies)",
+    DEFAULT_LENGTH_PREDICTOR,
+    "length-aware policies (sjf, srpt, hrrn): output-length predictor, one of oracle (true "
+    "lengths: an upper bound), noisy-oracle, bucket, none; see --list-policies "
+    f"(default {DEFAULT_LENGTH_PREDICTOR}, announced at start)",
 )
 
 

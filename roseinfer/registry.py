@@ -7,10 +7,11 @@ Nothing happens at import: call :func:`load_registry`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from roseinfer.interface import (
     PolicyOption,
     PolicyOptions,
     PolicyWrapper,
+    check_guarantees,
 )
 from roseinfer.kv_tiers import KVTierPolicy
 from roseinfer.prediction import LENGTH_PREDICTOR_OPTION, LengthPredictor
@@ -204,8 +206,38 @@ Warn = Callable[[str], None]
 """Where a skipped plugin is reported (the CLIs print ``prog: warning: ...``)."""
 
 
+_WARNING_SINK: Warn | None = None
+_WARNED: set[str] = set()
+
+
+def set_warning_sink(warn: Warn | None) -> None:
+    """Report skipped plugins of every later load that names no ``warn`` through
+    ``warn``, each message once per process (a CLI: its ``prog: warning:`` line;
+    a sweep loads the plugins once per point). None restores the default, a
+    ``RuntimeWarning`` per load."""
+    global _WARNING_SINK
+    _WARNING_SINK = warn
+    _WARNED.clear()
+
+
+@contextlib.contextmanager
+def warning_sink(warn: Warn) -> Iterator[None]:
+    """:func:`set_warning_sink` for the duration of a ``with`` block (a CLI's run),
+    then the previous sink again."""
+    previous = _WARNING_SINK
+    set_warning_sink(warn)
+    try:
+        yield
+    finally:
+        set_warning_sink(previous)
+
+
 def _warn_default(message: str) -> None:
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    if _WARNING_SINK is None:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    elif message not in _WARNED:
+        _WARNED.add(message)
+        _WARNING_SINK(message)
 
 
 def make_plugin_manager(
@@ -253,7 +285,8 @@ def load_registry(pm: pluggy.PluginManager | None = None, *, warn: Warn | None =
     ``RuntimeWarning``); the built-ins' hooks never raise.
 
     Raises:
-        ValueError: if two classes claim the same name, or a class lacks a name.
+        ValueError: if two classes claim the same name, a class lacks a name, or a
+            policy declares a guarantee not in :data:`roseinfer.interface.GUARANTEES`.
     """
     warn = warn or _warn_default
     pm = pm if pm is not None else make_plugin_manager(warn=warn)
@@ -286,6 +319,11 @@ def _add(table: dict[str, Entry], cls: Any, plugin: str, kind: type) -> None:
     name = getattr(cls, "name", "")
     if not (isinstance(cls, type) and issubclass(cls, kind)) or not name:
         raise ValueError(f"plugin {plugin} registered {cls!r}: not a {kind.__name__} with a name")
+    if issubclass(cls, AdmissionPolicy):
+        try:
+            check_guarantees(cls)
+        except ValueError as err:
+            raise ValueError(f"plugin {plugin} registered {name!r}: {err}") from None
     if name in table:
         other = table[name].plugin
         raise ValueError(f"plugins {other} and {plugin} both register {name!r}")

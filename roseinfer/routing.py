@@ -25,10 +25,11 @@ stage (:data:`ROLES`), and a router can tell the stages apart by
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from roseinfer.request import Request
 
@@ -89,6 +90,27 @@ class RouterError(ValueError):
     """A router answered something invalid, or no replica can take a request."""
 
 
+class ReadOptions(dict[str, str]):
+    """A router's options that remember which keys were looked up."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return super().__contains__(key)
+
+
 class Router:
     """Base class of routing policies (plugins subclass it).
 
@@ -109,7 +131,15 @@ class Router:
 
     def __init__(self, seed: int = 0, options: Mapping[str, str] | None = None) -> None:
         self.seed = seed
-        self.options = dict(options or {})
+        self.options: dict[str, str] = ReadOptions(options or {})
+
+    def unread_options(self) -> list[str]:
+        """The ``--router-arg`` keys this router never read (looked up with ``get``,
+        ``[]`` or ``in``) while it was built: a router reads its knobs in
+        ``__init__``, so these are typos or another router's knobs."""
+        options = self.options
+        read = options.read if isinstance(options, ReadOptions) else set(options)
+        return sorted(set(options) - read)
 
     def route(
         self,
@@ -159,3 +189,34 @@ class Router:
         """The best-scored candidate's index; ties go to the lowest index."""
         best = max(range(len(candidates)), key=lambda k: (scores[k], -candidates[k].index))
         return candidates[best].index
+
+
+def build_router(
+    cls: type[Router], *, seed: int, options: Mapping[str, Any], source: str = "--router-arg"
+) -> Router:
+    """``cls(seed, options)`` with its knobs checked: a value that is a non-finite number
+    (``nan``, ``inf``) or a key the router never reads is an error.
+
+    Args:
+        source: where the options came from, for messages (``--router-arg``, a grid's
+            ``router_args``).
+
+    Raises:
+        ValueError: one line naming the key and ``source``.
+    """
+    texts = {str(k): str(v) for k, v in options.items()}
+    for key, value in texts.items():
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if not math.isfinite(number):
+            raise ValueError(f"{source} {key[:40]}: must be a finite number, got {value[:40]!r}")
+    router = cls(seed=seed, options=texts)
+    unread = router.unread_options()
+    if unread:
+        raise ValueError(
+            f"router {cls.name!r} reads no {source} {', '.join(k[:40] for k in unread)}; check "
+            "the name (see --list-policies and the router's docs)"
+        )
+    return router

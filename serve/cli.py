@@ -33,16 +33,17 @@ import torch  # noqa: E402
 
 from roseinfer.calibration.steplog import StepRecorder  # noqa: E402
 from roseinfer.cli import (  # noqa: E402
-    MAX_SEED,
     POSITIVE,
     ArgumentParser,
     CliError,
     add_engine_args,
+    add_flag,
     config_facts,
     float_in,
     int_in,
     policy_options,
     run_main,
+    warn_to,
 )
 from roseinfer.executor.cli import (  # noqa: E402
     DTYPES,
@@ -56,6 +57,8 @@ from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.facts import model_spec_of, step_log_recorder  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
+from roseinfer.interface import PolicyOptions  # noqa: E402
+from roseinfer.prediction import LENGTH_PREDICTOR_OPTION  # noqa: E402
 from roseinfer.records import RecordFileWriter  # noqa: E402
 from roseinfer.registry import Registry  # noqa: E402
 from roseinfer.serve.protocol import DEFAULT_TIMEOUT_REQUEST_BODY_S  # noqa: E402
@@ -90,15 +93,15 @@ def build_parser(registry: Registry | None = None) -> argparse.ArgumentParser:
         help="a local tokenizer directory, or 'synthetic' (default: the model directory's "
         "tokenizer, else synthetic: token i is the word t<i>)",
     )
-    g.add_argument(
+    add_flag(
+        g,
         "--save-records",
         help="append per-request records to this file as requests end (.csv; .parquet: one "
         "row group per batch, readable after shutdown)",
     )
-    g.add_argument(
+    add_flag(
+        g,
         "--save-steps",
-        type=Path,
-        metavar="FILE.jsonl",
         help="write every executed step as a step log while serving (JSON lines; "
         "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
     )
@@ -157,13 +160,7 @@ def _add_limit_args(g: argparse._ArgumentGroup) -> None:
 
 def _add_executor_args(g: argparse._ArgumentGroup) -> None:
     add_model_args(g)
-    g.add_argument(
-        "--seed",
-        type=int_in(0, MAX_SEED),
-        default=0,
-        help="random weights of built-in models, and the sampling of requests without "
-        "their own seed (default 0)",
-    )
+    add_flag(g, "--seed")
 
 
 def build_engine(args: argparse.Namespace, registry: Registry) -> tuple[StreamingEngine, object]:
@@ -289,7 +286,19 @@ def check_serve_args(args: argparse.Namespace, registry: Registry) -> None:
     """
     if args.num_kv_blocks is not None and args.kv_cache_memory_gb is not None:
         raise CliError("give either --num-kv-blocks or --kv-cache-memory-gb, not both")
-    policy_options(args, registry)
+    if (
+        registry.policy(args.policy).uses_length_predictor
+        and getattr(args, "length_predictor", None) is None
+    ):
+        # NOTE: a server has no workload to fit rose-sim's default (bucket) on; a
+        # request's max_tokens is what it declares, so oracle is the default here
+        args.length_predictor = "oracle"
+        warn_to("rose-serve")(
+            f"--policy {args.policy} ranks by the oracle length predictor, the default in a "
+            "server: each request's max_tokens (give --length-predictor to change it)"
+        )
+    options = policy_options(args, registry)
+    _warn_unfitted_predictor(args.policy, options, registry)
     resolve_device(args.device)
     if args.tokenizer not in (None, "synthetic") and not Path(args.tokenizer).is_dir():
         raise CliError(
@@ -298,6 +307,22 @@ def check_serve_args(args: argparse.Namespace, registry: Registry) -> None:
         )
     _check_output_paths(args)
     check_listen(args.host, args.port)
+
+
+def _warn_unfitted_predictor(policy: str, options: PolicyOptions, registry: Registry) -> None:
+    """A length-aware policy on the ``bucket`` predictor in a server: ``bucket`` is
+    fitted on a workload's first requests, which a server does not have up front,
+    so it predicts one constant and the policy runs as FIFO. Say so once."""
+    if not registry.policy(policy).uses_length_predictor:
+        return
+    predictor = str(options.get("length_predictor", LENGTH_PREDICTOR_OPTION.default))
+    if predictor == "bucket":
+        warn_to("rose-serve")(
+            f"--policy {policy} ranks by the bucket length predictor, which a server cannot "
+            "fit (no workload up front): every request gets one prediction and the policy "
+            "runs as FIFO; give --length-predictor oracle to rank by each request's "
+            "max_tokens, or a predictor plugin"
+        )
 
 
 def check_listen(host: str, port: int) -> None:

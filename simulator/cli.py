@@ -4,7 +4,7 @@ Example::
 
     rose-sim --policy pack --prefill-max-tokens 256 --force-fifo-every 8
     rose-sim --policy budget --prefill-max-tokens 2048 \\
-        --trace AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --device h100-sxm
+        --trace AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --hardware h100-sxm
     rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl
     rose-sim sweep grid.toml --backend ray
     rose-sim capacity --goodput ttft:2000 tpot:100 --policy budget --prefill-max-tokens 2048
@@ -39,15 +39,18 @@ from roseinfer.calibration.specs import (
 )
 from roseinfer.calibration.steplog import StepLogWriter, StepRecorder, make_header
 from roseinfer.cli import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
     ArgumentParser,
     CliError,
+    DeprecatedAlias,
     add_common_args,
+    add_flag,
     build_workload,
     config_facts,
     fit_workload,
-    float_in,
     int_in,
     kv_blocks_from_bytes,
+    policy_facts,
     report,
     run_main,
     scheduler_config,
@@ -67,7 +70,7 @@ from roseinfer.simulator.engine import simulate
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_DEVICE = "h100-sxm"
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
+GPU_MEMORY_UTILIZATION = DEFAULT_GPU_MEMORY_UTILIZATION  # vLLM's default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rose-sim",
         description="Simulate an LLM-serving scheduling policy on a workload with a cost "
         "model (default: the embedded Azure conv trace sample, Llama-3.1-8B on one H100).",
+        epilog="subcommands (each has its own --help): `rose-sim sweep GRID.toml` simulates "
+        "every point of a grid (policies x knobs x rates x replicas) into one table; "
+        "`rose-sim capacity --goodput METRIC:MS ...` finds the highest steady-state "
+        "request rate meeting the SLOs (these flags plus the search's).",
     )
     add_common_args(parser)
     g = parser.add_argument_group("cost model")
@@ -86,8 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
         "config.json",
     )
     g.add_argument(
+        "--hardware",
+        dest="device",
+        metavar="SPEC",
+        help=f"simulated hardware, one GPU's spec (default {DEFAULT_DEVICE}): "
+        f"{', '.join(sorted(DEVICES))}",
+    )
+    g.add_argument(
         "--device",
-        help=f"device (default {DEFAULT_DEVICE}): {', '.join(sorted(DEVICES))}",
+        dest="device",
+        action=DeprecatedAlias,
+        new="--hardware",
+        metavar="SPEC",
+        help="deprecated name of --hardware, kept for this release (rose-run's --device is "
+        "the torch device)",
     )
     g.add_argument(
         "--cost-model",
@@ -123,13 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="link between a replica's GPUs (default: the device's: NVLink on "
         "A100/H100/H200); bandwidths and sources in calibration/specs.py",
     )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float_in(0, 1, lo_open=True),
-        default=GPU_MEMORY_UTILIZATION,
-        help="share of device memory for weights + KV cache, sets the default KV pool "
-        f"(default {GPU_MEMORY_UTILIZATION}, as vLLM)",
-    )
+    add_flag(g, "--gpu-memory-utilization")
     g.add_argument(
         "--no-jump",
         action="store_true",
@@ -193,7 +206,7 @@ def default_num_kv_blocks(
         raise CliError(
             f"{model.name} weights ({model.weight_bytes / 2**30:.1f} GiB, "
             f"{weights / 2**30:.1f} GiB per GPU) do not fit {device.name}{gpus}; raise "
-            "--tensor-parallel-size, pick a larger --device or set --kv-cache-memory-gb"
+            "--tensor-parallel-size, pick a larger --hardware or set --kv-cache-memory-gb"
         )
     source = f"--gpu-memory-utilization {args.gpu_memory_utilization:g} of {device.name}"
     return kv_blocks_from_bytes(num_bytes, kv_per_token, block_size, source)
@@ -237,12 +250,12 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
             calibration without a model shape and no --model.
     """
     if args.device is not None:
-        raise CliError("--cost-model prices the profiled device; drop --device")
+        raise CliError("--cost-model prices the profiled device; drop --hardware")
     if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1 or args.interconnect:
         raise CliError(
             "--cost-model prices what was measured on one device; drop "
             "--tensor-parallel-size/--pipeline-parallel-size/--interconnect (or price a "
-            "parallel replica with the roofline: --model and --device)"
+            "parallel replica with the roofline: --model and --hardware)"
         )
     try:
         profile = load_calibration(args.cost_model)
@@ -350,6 +363,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         "fit_lengths": fit_note,
         "scheduler_preset": args.scheduler_preset or "seeds",
         **config_facts(config),
+        **policy_facts(config, registry),
         "sim_wall_s": result.wall_s,
         "num_steps": result.num_steps,
         **kv_tier_summary([result.scheduler.block_manager.kv_tier_counters()]),
@@ -359,7 +373,7 @@ def _run(args: argparse.Namespace, registry: Registry) -> None:
         args, result.records, duration_s=result.duration_s, title=title, extra=extra,
         itl=result.itl,
     )  # fmt: skip
-    if not args.quiet:
+    if not args.no_summary:
         print(
             f"simulated {len(requests)} requests, {result.num_steps} steps "
             f"in {result.wall_s:.2f} s wall"

@@ -42,7 +42,7 @@ from roseinfer.block_manager import compute_block_hashes
 from roseinfer.calibration.cost_model import CostModel
 from roseinfer.calibration.specs import LinkSpec
 from roseinfer.config import SchedulerConfig
-from roseinfer.driver import StepResult, apply_step, plan_step
+from roseinfer.driver import StepResult, apply_step, plan_step, start_replay
 from roseinfer.interface import PolicyError
 from roseinfer.metrics import LogHistogram, summarize
 from roseinfer.records import RecordBuilder
@@ -61,6 +61,11 @@ from roseinfer.simulator.disaggregation import (
     stage_report,
 )
 from roseinfer.simulator.engine import CostModelBackend
+
+MAX_REPLICAS = 4096
+"""Most replicas in one simulated cluster (the replica flags, a replica config's total, a
+sweep's replica axis): each keeps its own scheduler, KV pool and prefix cache, so 100,000
+took minutes and gigabytes before the first request; a larger fleet is a sweep of smaller ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +335,8 @@ class ClusterSimulator:
         if self.disaggregated:
             assert self.kv_transfer_link is not None
             transfer = KVTransfer(self.kv_transfer_link, len(reps))
+        for rep in reps:  # fit length predictors, warn once of missing inputs
+            start_replay(rep.scheduler, reqs)
         loop = _EventLoop(reps, self.router, self.router_staleness_s, self.decode_router, transfer)
         loop.run(reqs)
         frames = []

@@ -3,12 +3,12 @@
 Example::
 
     rose-sim --num-replicas 8 --router prefix-aware --trace synthetic_trace.jsonl \\
-        --model llama-3.1-8b --device h100-sxm --enable-prefix-caching
+        --model llama-3.1-8b --hardware h100-sxm --enable-prefix-caching
     rose-sim --replica-config replicas.toml --router least-loaded
     rose-sim --num-prefill-replicas 1 --num-decode-replicas 3 --kv-transfer-link rdma-400g
 
 A replica config lists the replicas (TOML or JSON), each with optional
-``model``, ``device``, ``num_kv_blocks``, ``name``, ``count`` (default 1),
+``model``, ``hardware`` (``device`` is the same key), ``num_kv_blocks``, ``name``, ``count`` (default 1),
 ``tensor_parallel_size``, ``pipeline_parallel_size``, ``interconnect`` and
 ``role`` (``mixed``, the default, or ``prefill`` / ``decode`` for a
 disaggregated cluster); missing fields take the command line's values. Each entry is priced by the
@@ -17,12 +17,14 @@ roofline of its model and device (a ``--cost-model`` profile prices only
 
     [[replica]]
     model = "llama-3.1-8b"
-    device = "h100-sxm"
+    hardware = "h100-sxm"
     count = 4
 
     [[replica]]
-    device = "a100-80gb"
+    hardware = "a100-80gb"
     num_kv_blocks = 20000
+
+``examples/replicas.toml`` is a complete one.
 """
 
 from __future__ import annotations
@@ -43,17 +45,18 @@ else:  # pragma: no cover
 
 from roseinfer.calibration.cost_model import make_cost_model
 from roseinfer.calibration.specs import LINKS, LinkSpec, get_device_spec, get_link_spec
-from roseinfer.cli import CliError, config_facts, report
+from roseinfer.cli import MAX_NUM_KV_BLOCKS, CliError, config_facts, float_in, int_in, report
+from roseinfer.cli import clip as _clip
 from roseinfer.config import SchedulerConfig
 from roseinfer.kv_tiers import kv_tier_summary
 from roseinfer.registry import Registry
 from roseinfer.request import Request
-from roseinfer.routing import Router
-from roseinfer.simulator.cluster import ClusterResult, ReplicaSpec, simulate_cluster
+from roseinfer.routing import Router, build_router
+from roseinfer.simulator.cluster import MAX_REPLICAS, ClusterResult, ReplicaSpec, simulate_cluster
 from roseinfer.simulator.disaggregation import DEFAULT_KV_TRANSFER_LINK
 
 REPLICA_KEYS = {
-    "model", "device", "num_kv_blocks", "count", "name",
+    "model", "hardware", "device", "num_kv_blocks", "count", "name",
     "tensor_parallel_size", "pipeline_parallel_size", "interconnect", "role",
 }  # fmt: skip
 PER_REPLICA_KEYS = (
@@ -74,7 +77,7 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("cluster (rose-sim only; rose-run serves one replica)")
     g.add_argument(
         "--num-replicas",
-        type=int,
+        type=int_in(1, MAX_REPLICAS),
         default=None,
         help="replicas behind a router, each with its own KV pool and prefix cache (default 1)",
     )
@@ -91,7 +94,7 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--router-staleness-s",
-        type=float,
+        type=float_in(0),
         default=0.0,
         help="the router sees replica load as of its last refresh, at most this old "
         "(simulated s; default 0 = fresh at every arrival)",
@@ -104,14 +107,14 @@ def add_cluster_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--num-prefill-replicas",
-        type=int,
+        type=int_in(1, MAX_REPLICAS),
         default=None,
         help="disaggregated serving: replicas that only prefill and hand the KV on "
         "(with --num-decode-replicas; DistServe, vLLM's disaggregated prefill)",
     )
     g.add_argument(
         "--num-decode-replicas",
-        type=int,
+        type=int_in(1, MAX_REPLICAS),
         default=None,
         help="disaggregated serving: replicas that only decode, from handed-over KV",
     )
@@ -187,9 +190,13 @@ def make_router(args: argparse.Namespace, registry: Registry) -> Router:
     for item in args.router_arg:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise CliError(f"--router-arg takes KEY=VALUE, got {item!r}")
+            raise CliError(f"--router-arg takes KEY=VALUE, got {_clip(item)!r}")
         options[key] = value
-    return registry.router(args.router or "round-robin")(seed=args.seed, options=options)
+    cls = registry.router(args.router or "round-robin")
+    try:
+        return build_router(cls, seed=args.seed, options=options)
+    except ValueError as err:
+        raise CliError(str(err)) from None
 
 
 def make_decode_router(args: argparse.Namespace, registry: Registry) -> Router:
@@ -226,13 +233,55 @@ def read_replica_config(path: Path) -> list[dict[str, Any]]:
     entries = data.get("replica", []) if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise CliError(f"--replica-config {path} lists no replicas ([[replica]] tables or a list)")
-    for entry in entries:
+    total = 0
+    for i, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict):
+            raise CliError(f"--replica-config {path}: replica {i} is not a table of keys")
         unknown = set(entry) - REPLICA_KEYS
         if unknown:
             raise CliError(
-                f"--replica-config {path}: unknown keys {sorted(unknown)}; known: {sorted(REPLICA_KEYS)}"
+                f"--replica-config {path}: unknown keys {sorted(map(_clip, map(str, unknown)))}; "
+                f"known: {sorted(REPLICA_KEYS)}"
             )
+        for key, value in entry.items():
+            _check_replica_value(path, i, key, value)
+        if "hardware" in entry and "device" in entry:
+            raise CliError(
+                f"--replica-config {path}: replica {i} gives both hardware and device (the "
+                "same key, old name); keep hardware"
+            )
+        total += entry.get("count", 1)
+    if total > MAX_REPLICAS:
+        raise CliError(
+            f"--replica-config {path} lists {total} replicas, more than {MAX_REPLICAS}; "
+            "simulate a smaller cluster"
+        )
     return entries
+
+
+REPLICA_INT_RANGES = {
+    "count": (1, MAX_REPLICAS),
+    "num_kv_blocks": (1, MAX_NUM_KV_BLOCKS),
+    "tensor_parallel_size": (1, 1024),
+    "pipeline_parallel_size": (1, 1024),
+}
+"""The integer keys of a replica entry and their ranges (the flags' ranges)."""
+
+
+def _check_replica_value(path: Path, index: int, key: str, value: Any) -> None:
+    """One replica entry's value: an integer in range, or a string.
+
+    Raises:
+        CliError: naming the file, the replica and the key (``num_kv_blocks = 1.5``
+            and ``count = "2"`` were truncated or silently misread before).
+    """
+    where = f"--replica-config {path}: replica {index}: {key}"
+    if key in REPLICA_INT_RANGES:
+        lo, hi = REPLICA_INT_RANGES[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            raise CliError(f"{where} must be an integer in [{lo}, {hi}], got {_clip(repr(value))}")
+    elif not isinstance(value, str):
+        raise CliError(f"{where} must be a string, got {_clip(repr(value))}")
 
 
 def replica_specs(
@@ -271,9 +320,11 @@ def replica_specs(
     specs: list[ReplicaSpec] = []
     for entry in read_replica_config(args.replica_config):
         model = load_model_spec(entry.get("model", args.model or DEFAULT_MODEL))
-        device = get_device_spec(entry.get("device", args.device or DEFAULT_DEVICE))
-        tp = int(entry.get("tensor_parallel_size", args.tensor_parallel_size))
-        pp = int(entry.get("pipeline_parallel_size", args.pipeline_parallel_size))
+        device = get_device_spec(
+            entry.get("hardware", entry.get("device", args.device or DEFAULT_DEVICE))
+        )
+        tp = entry.get("tensor_parallel_size", args.tensor_parallel_size)
+        pp = entry.get("pipeline_parallel_size", args.pipeline_parallel_size)
         try:
             cost = make_cost_model(model, device, None, tp, pp,
                                    entry.get("interconnect", args.interconnect))  # fmt: skip
@@ -295,7 +346,7 @@ def replica_specs(
                                model.kv_bytes_per_token, tp * pp)  # fmt: skip
         except ValueError as err:
             raise CliError(f"--replica-config {args.replica_config}: {err}") from None
-        specs += [spec] * int(entry.get("count", 1))
+        specs += [spec] * entry.get("count", 1)
     if args.num_replicas is not None and args.num_replicas != len(specs):
         raise CliError(
             f"--num-replicas {args.num_replicas} but --replica-config lists {len(specs)}; drop one"
@@ -355,7 +406,7 @@ def run_cluster(
     title = f"{title} | {len(specs)} replicas, router {router.name}"
     report(args, result.records, duration_s=result.duration_s, title=title, extra=extra,
            itl=result.itl)  # fmt: skip
-    if not args.quiet:
+    if not args.no_summary:
         if result.disaggregation is not None:
             print(format_disaggregation(result.disaggregation))
         print(format_replicas(per))

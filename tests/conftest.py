@@ -1,10 +1,11 @@
-"""Shared test helpers: small requests, schedulers and a toy cost model."""
+"""Shared test helpers: small requests, schedulers, a toy cost model and the tiny model."""
 
 from __future__ import annotations
 
 import sys
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -97,3 +98,36 @@ def run_cli(main: Callable[[], int], prog: str, monkeypatch, capsys, *args: str)
         code = int(exit_.code or 0)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+TINY_MODEL_OVERRIDES: dict[str, Any] = {"initializer_range": 0.5}
+"""Varied (large-init) random weights, so greedy outputs differ between prompts."""
+
+
+def tiny_model(name: str = "tiny-gpt2", **overrides: Any) -> Any:
+    """A fresh built-in tiny model (``tiny-gpt2``, ``tiny-llama``, ``tiny-qwen2``: 2
+    layers, 64 wide) with varied random weights (seed 0,
+    :data:`TINY_MODEL_OVERRIDES`), float32 on the CPU; ``overrides`` change its
+    config (e.g. ``vocab_size``). The one tiny-model setup of the test suite.
+
+    Raises:
+        ValueError: for an unknown model name.
+    """
+    import torch
+
+    from roseinfer.executor.models import build_model
+
+    model, _, _ = build_model(
+        name,
+        seed=0,
+        dtype=torch.float32,
+        device="cpu",
+        config_overrides={**TINY_MODEL_OVERRIDES, **overrides},
+    )
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2() -> Any:
+    """One :func:`tiny_model` ``tiny-gpt2`` per test module (never change its weights)."""
+    return tiny_model("tiny-gpt2")

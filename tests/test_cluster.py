@@ -212,10 +212,10 @@ def test_cli_replica_config_builds_heterogeneous_replicas(monkeypatch, capsys, t
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--num-replicas", "0"], "--num-replicas must be >= 1"),
+        (["--num-replicas", "0"], "--num-replicas: must be an integer in [1, 4096]"),
         (["--num-replicas", "2", "--router", "nope"], "unknown router 'nope'"),
         (["--num-replicas", "2", "--router-arg", "x"], "--router-arg takes KEY=VALUE"),
-        (["--num-replicas", "2", "--router-staleness-s", "-1"], "must be >= 0"),
+        (["--num-replicas", "2", "--router-staleness-s", "-1"], "must be a finite number >= 0"),
         (["--router", "prefix-aware"], "need --num-replicas N > 1"),
     ],
 )

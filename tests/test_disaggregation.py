@@ -238,7 +238,7 @@ def test_the_executor_refuses_transferred_kv() -> None:
 
 # ---------------------------------------------------------------- rose-sim
 CLI = ["--workload", "synthetic", "--num-requests", "60", "--request-rate", "8", "--model", "llama-3.1-8b",
-       "--device", "h100-sxm", "--quiet"]  # fmt: skip
+       "--hardware", "h100-sxm", "--quiet"]  # fmt: skip
 
 
 def test_rose_sim_reports_stages_and_transfers(monkeypatch, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -272,7 +272,7 @@ def test_rose_sim_takes_roles_from_a_replica_config(monkeypatch, capsys, tmp_pat
     ("flags", "message"),
     [
         (["--num-prefill-replicas", "1"], "needs both --num-prefill-replicas"),
-        (["--num-prefill-replicas", "1", "--num-decode-replicas", "0"], "must be >= 1"),
+        (["--num-prefill-replicas", "1", "--num-decode-replicas", "0"], "must be an integer in [1, 4096]"),
         (["--num-prefill-replicas", "1", "--num-decode-replicas", "1", "--num-replicas", "2"],
          "drop --num-replicas"),
         (["--num-prefill-replicas", "1", "--num-decode-replicas", "1", "--kv-transfer-link", "x"],

@@ -16,12 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conftest import tiny_model  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.engine import Engine, RunResult  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.interface import Phase, PolicyOptions  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 from roseinfer.scheduler import SchedulerOutput  # noqa: E402
@@ -29,7 +29,6 @@ from roseinfer.scheduler import SchedulerOutput  # noqa: E402
 torch.set_num_threads(1)
 
 BLOCK_SIZE = 4
-VARIED = {"initializer_range": 0.5}
 MODEL_NAMES = ("tiny-gpt2", "tiny-llama")
 
 
@@ -37,11 +36,8 @@ MODEL_NAMES = ("tiny-gpt2", "tiny-llama")
 
 
 def tiny(name: str, **overrides):
-    """A tiny built-in model with varied (large-init) random weights."""
-    model, _, _ = build_model(
-        name, seed=0, dtype=torch.float32, device="cpu", config_overrides={**VARIED, **overrides}
-    )
-    return model
+    """The shared tiny model (``conftest.tiny_model``)."""
+    return tiny_model(name, **overrides)
 
 
 _MODELS: dict[str, object] = {}

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from roseinfer.metrics import (
     COLUMNS,
+    fair_share_fairness,
     format_summary,
     jain_index,
     latency_values_ms,
@@ -24,9 +25,11 @@ from roseinfer.metrics import (
     plot_p99_vs_rate,
     plot_sim_vs_real,
     summarize,
+    tenant_fair_share,
     tenant_fairness,
     validate_records,
 )
+from roseinfer.metrics.fairness import _water_fill
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
@@ -343,6 +346,48 @@ def test_tenant_fairness(records):
     assert tenant_fairness(records) == pytest.approx((x + y) ** 2 / (2 * (x * x + y * y)))
 
 
+def test_water_fill_is_max_min_fair():
+    fill = lambda d, c: list(_water_fill(np.array(d, dtype=float), c))  # noqa: E731
+    assert fill([10.0, 100.0], 40.0) == pytest.approx([10.0, 30.0])  # the small one gets all
+    assert fill([30.0, 110.0], 40.0) == pytest.approx([20.0, 20.0])  # both backlogged: equal
+    assert fill([5.0, 5.0, 50.0], 30.0) == pytest.approx([5.0, 5.0, 20.0])
+    assert fill([0.0, 8.0], 4.0) == pytest.approx([0.0, 4.0])
+
+
+def test_fair_share_fairness_is_one_when_nothing_waits(records):
+    # nobody has a request waiting at a window's end: each got all it asked for
+    table = tenant_fair_share(records, window_s=10.0).set_index("tenant")
+    assert table.loc["x", "service"] == pytest.approx((10 + 6) + 2 * (3 + 1))
+    assert table.loc["y", "service"] == pytest.approx(20 + 2 * 2)
+    assert list(table["normalized_service"]) == pytest.approx([1.0, 1.0])
+    assert fair_share_fairness(records) == pytest.approx(1.0)
+    assert fair_share_fairness(records.assign(tenant=None)) == pytest.approx(1.0)
+
+
+def test_fair_share_fairness_drops_when_one_tenant_takes_the_others_share():
+    # one 10 s window: x is served 2 requests back to back while y's request waits all
+    # along (admitted at 10.5 s); capacity = x's 2 * 30 = 60, demands x 60, y 30 -> shares
+    # 30/30, normalized x 2.0, y 0.0 (then y is served alone: its share equals service)
+    rows = [
+        finished("x1", 0.0, 0.0, [5.0], prompt=28, tenant="x"),
+        finished("x2", 0.0, 5.0, [9.9], prompt=28, tenant="x"),
+        finished("y1", 0.0, 10.5, [19.9], prompt=28, tenant="y"),
+    ]
+    table = tenant_fair_share(frame(rows), window_s=10.0).set_index("tenant")
+    assert table.loc["x", "normalized_service"] == pytest.approx(60 / 30)
+    assert table.loc["y", "normalized_service"] == pytest.approx(30 / 60)
+    assert fair_share_fairness(frame(rows), window_s=10.0) == pytest.approx(jain_index([2.0, 0.5]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"window_s": 0.0}, "window_s must be"), ({"weights": (-1.0, 2.0)}, "weights must be")],
+)
+def test_fair_share_fairness_refuses_bad_arguments(records, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        fair_share_fairness(records, **kwargs)
+
+
 # -------------------------------------------------------------------- plots
 def sweep_frame() -> pd.DataFrame:
     return pd.DataFrame(
@@ -441,3 +486,12 @@ def test_log_histograms_merge_as_one():
     assert left.count == one.count
     assert left.mean == pytest.approx(one.mean) and left.std == pytest.approx(one.std)
     assert left.percentiles([50, 99]) == one.percentiles([50, 99])
+
+
+def test_series_styles_differ_for_every_built_in_policy():
+    from roseinfer.metrics.plots import series_style
+
+    styles = [series_style(i) for i in range(24)]
+    looks = {(s["color"], s["marker"], s["linestyle"]) for s in styles}
+    assert len(looks) == 24
+    assert len({s["color"] for s in styles[:20]}) == 20  # no two of the first 20 share a colour

@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from conftest import tiny_model  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from roseinfer.executor import model_runner  # noqa: E402
@@ -26,15 +27,11 @@ torch.set_num_threads(1)
 
 BLOCK_SIZE = 4
 NUM_NEW_TOKENS = 8
-VARIED = {"initializer_range": 0.5}
 
 
 def tiny(name: str, **overrides):
-    """A tiny built-in model with varied (large-init) random weights."""
-    model, _, _ = build_model(
-        name, seed=0, dtype=torch.float32, device="cpu", config_overrides={**VARIED, **overrides}
-    )
-    return model
+    """The shared tiny model (``conftest.tiny_model``)."""
+    return tiny_model(name, **overrides)
 
 
 @pytest.fixture(scope="module", params=["tiny-gpt2", "tiny-llama", "tiny-qwen2"])

@@ -329,10 +329,10 @@ def test_rose_sim_records_flags_that_override_the_profile(profile_file, tmp_path
 
 
 def test_rose_sim_cost_model_errors_are_one_line(profile_file, tmp_path):
-    proc = rose_sim("--cost-model", str(profile_file), "--device", "cpu")
+    proc = rose_sim("--cost-model", str(profile_file), "--hardware", "cpu")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "rose-sim: error: --cost-model prices the profiled device; drop --device"
+        "rose-sim: error: --cost-model prices the profiled device; drop --hardware"
     )
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

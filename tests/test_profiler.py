@@ -178,7 +178,10 @@ def test_profile_errors_are_one_line(monkeypatch, capsys, tmp_path):
         )  # fmt: skip
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.strip() == "rose-run profile: error: --repetitions must be >= 1, got 0"
+    assert err.strip() == (
+        "rose-run profile: error: argument --repetitions: must be an integer in "
+        "[1, 2147483647], got '0' (see rose-run profile --help)"
+    )
 
 
 def test_sim_with_the_profile_predicts_the_real_run_loosely(

@@ -68,10 +68,10 @@ def test_seed_workload_writes_result_and_records_with_token_ids(monkeypatch, cap
         monkeypatch, capsys,
         "--model", "tiny-gpt2", "--device", "cpu", "--workload", "seed-031",
         "--num-requests", "8", "--save-result", str(result_path),
-        "--save-records", str(records_path), "--save-token-ids", "--quiet", "--no-progress",
+        "--save-records", str(records_path), "--save-token-ids", "--no-summary", "--no-progress",
     )  # fmt: skip
     assert code == 0, err
-    assert out == "" and err == ""  # --quiet --no-progress
+    assert out == "" and err == ""  # --no-summary --no-progress (= --quiet)
     result = json.loads(result_path.read_text())
     assert [k for k in VLLM_KEYS if k not in result] == []
     assert result["num_requests"] == 8 and result["completed"] + result["rejected"] == 8

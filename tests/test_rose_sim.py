@@ -85,7 +85,7 @@ def test_records_as_parquet_keep_token_times(monkeypatch, capsys, tmp_path) -> N
 def test_seed_workloads_run(monkeypatch, capsys, tmp_path, workload, flags) -> None:
     result = tmp_path / "r.json"
     code, _, err = rose_sim(
-        monkeypatch, capsys, "--workload", workload, "--model", "gpt2", "--device", "cpu",
+        monkeypatch, capsys, "--workload", workload, "--model", "gpt2", "--hardware", "cpu",
         "--quiet", "--save-result", str(result), *flags,
     )  # fmt: skip
     assert code == 0, err
@@ -134,7 +134,7 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--max-num-seqs", "0"], "--max-num-seqs: must be an integer in [1, 2147483647]"),
         (["--trace", "missing.csv"], "missing.csv"),
         (["--model", "gpt5"], "gpt5"),
-        (["--device", "tpu"], "tpu"),
+        (["--hardware", "tpu"], "tpu"),
         (["--goodput", "latency:5"], "latency"),
         (["--save-records", "r.txt", "--num-requests", "3"], ".csv or .parquet"),
         (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
@@ -199,7 +199,7 @@ def test_full_azure_conv_trace_completes_under_pack(monkeypatch, capsys, tmp_pat
 def test_a_replica_spans_gpus_with_tensor_parallelism(monkeypatch, capsys, tmp_path) -> None:
     """The README's 70B example: it does not fit one H200; TP2 and TP4 run, each GPU
     holding its share of the weights and KV, and TPOT falls with TP size."""
-    common = ["--model", "llama-3.1-70b", "--device", "h200", "--num-requests", "200",
+    common = ["--model", "llama-3.1-70b", "--hardware", "h200", "--num-requests", "200",
               "--request-rate", "2", "--policy", "budget", "--prefill-max-tokens", "2048",
               "--quiet"]  # fmt: skip
     code, _, err = rose_sim(monkeypatch, capsys, *common)
@@ -223,7 +223,7 @@ def test_a_replica_spans_gpus_with_tensor_parallelism(monkeypatch, capsys, tmp_p
     ("args", "message"),
     [
         (["--model", "llama-3.1-70b", "--tensor-parallel-size", "3"], "divide num_attention_heads"),
-        (["--model", "gpt2", "--device", "cpu", "--tensor-parallel-size", "2"], "no link"),
+        (["--model", "gpt2", "--hardware", "cpu", "--tensor-parallel-size", "2"], "no link"),
         (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size"),
         (["--interconnect", "smoke-signals"], "--interconnect"),
     ],

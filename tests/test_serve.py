@@ -29,7 +29,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
 from roseinfer.serve import cli  # noqa: E402
@@ -46,11 +45,8 @@ NAME = "tiny-gpt2"
 
 
 @pytest.fixture(scope="module")
-def model():
-    model, _, _ = build_model(
-        NAME, seed=0, dtype=torch.float32, device="cpu", config_overrides={"initializer_range": 0.5}
-    )
-    return model
+def model(tiny_gpt2):
+    return tiny_gpt2  # conftest's shared tiny model
 
 
 def make_engine(model, num_kv_blocks: int = 64, **cfg) -> Engine:
@@ -439,3 +435,28 @@ def test_cli_flags_build_a_serving_engine(tmp_path):
     assert log.header["backend"] == "rose-serve" and log.executor["num_kv_blocks"] == 32
     assert [r.kind for r in log.records] == ["prefill", "decode", "decode"]
     assert log.records[0].num_new_tokens == (3,) and log.records[-1].num_context_tokens == (5,)
+
+
+@pytest.mark.parametrize(("flags", "warned", "announced"), [
+    ([], False, True),
+    (["--length-predictor", "bucket"], True, False),
+    (["--length-predictor", "oracle"], False, False),
+])  # fmt: skip
+def test_a_server_says_when_sjf_cannot_fit_its_predictor(capsys, flags, warned, announced):
+    """Issue 18: a server has no workload to fit ``bucket`` on, so sjf on it is FIFO
+    in disguise; rose-serve says so at start, and without --length-predictor it ranks
+    by each request's max_tokens (oracle), saying which."""
+    import socket
+
+    from roseinfer.registry import load_registry
+
+    with socket.socket() as probe:  # a free port for the address check
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = cli.build_parser().parse_args(
+        ["--model", NAME, "--device", "cpu", "--port", str(port), "--policy", "sjf", *flags]
+    )
+    cli.check_serve_args(args, load_registry())
+    err = capsys.readouterr().err
+    assert ("rose-serve: warning: --policy sjf ranks by the bucket" in err) is warned
+    assert ("ranks by the oracle length predictor, the default" in err) is announced

@@ -35,7 +35,6 @@ from roseinfer.cli import policy_options  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import RECORD_BATCH, StreamingEngine  # noqa: E402
 from roseinfer.executor.validation import (  # noqa: E402
     MAX_STOP_STRING_CHARS,
@@ -68,11 +67,8 @@ MAX_MODEL_LEN = 128
 
 
 @pytest.fixture(scope="module")
-def model():
-    model, _, _ = build_model(
-        NAME, seed=0, dtype=torch.float32, device="cpu", config_overrides={"initializer_range": 0.5}
-    )
-    return model
+def model(tiny_gpt2):
+    return tiny_gpt2  # conftest's shared tiny model
 
 
 def make_engine(model, registry: Registry | None = None, num_kv_blocks: int = 256, **cfg) -> Engine:

@@ -21,13 +21,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+
 from roseinfer.calibration.replay import ReplayCostModel  # noqa: E402
 from roseinfer.calibration.report import RunOutput, replay_error  # noqa: E402
 from roseinfer.calibration.steplog import StepRecorder  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.interface import PolicyOptions  # noqa: E402
 from roseinfer.request import Request  # noqa: E402
 from roseinfer.simulator import Simulator, make_cost_model  # noqa: E402
@@ -54,15 +54,8 @@ def workload() -> list[Request]:
 
 
 @pytest.fixture(scope="module")
-def model():
-    m, _, _ = build_model(
-        "tiny-gpt2",
-        seed=0,
-        dtype=torch.float32,
-        device="cpu",
-        config_overrides={"initializer_range": 0.5},
-    )
-    return m
+def model(tiny_gpt2):
+    return tiny_gpt2  # conftest's shared tiny model
 
 
 CASES = {

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from conftest import tiny_model  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
@@ -26,7 +27,6 @@ from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.detokenizer import IncrementalDetokenizer  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.streaming import (  # noqa: E402
     EngineClosedError,
     QueueFullError,
@@ -50,25 +50,14 @@ CORPUS = ["hello world, héllo wörld 你好世界 🌹 roses are red, violets a
 # ----------------------------------------------------------------- helpers
 
 
-def tiny_model(vocab_size: int = 1000):
-    model, _, _ = build_model(
-        "tiny-gpt2",
-        seed=0,
-        dtype=torch.float32,
-        device="cpu",
-        config_overrides={
-            "initializer_range": 0.5,
-            "vocab_size": vocab_size,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-        },
-    )
-    return model
+def small_vocab_model(vocab_size: int = 1000):
+    """The shared tiny model with a small vocabulary and token 0 as BOS and EOS."""
+    return tiny_model("tiny-gpt2", vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model()
+    return small_vocab_model()
 
 
 def byte_level_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
@@ -245,7 +234,7 @@ def test_streams_stay_exact_through_preemptions(harness, model):
 
 def test_text_pieces_concatenate_to_the_decoded_output(harness):
     tokenizer = byte_level_tokenizer()
-    model = tiny_model(len(tokenizer))
+    model = small_vocab_model(len(tokenizer))
     h = harness(model=model, tokenizer=tokenizer)
     text = "héllo wörld 你好"
     rid = h.se.add_request(text, max_tokens=40, sampling=GREEDY)
@@ -263,7 +252,7 @@ def test_default_sampling_stops_at_the_tokenizer_eos(harness):
     """Without SamplingParams a request stops at the tokenizer's EOS: with the
     EOS id set to the first greedy token, the stream is one token, reason "stop"."""
     tokenizer = byte_level_tokenizer()
-    model = tiny_model(len(tokenizer))
+    model = small_vocab_model(len(tokenizer))
     h = harness(model=model, tokenizer=tokenizer)
     prompt = tokenizer.encode("roses are red")
     first = h.tokens(h.se.add_request(prompt, max_tokens=5, sampling=GREEDY))[0].token_id

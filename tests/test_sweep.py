@@ -15,6 +15,7 @@ from roseinfer.experiments.capacity import (
     CapacitySearch,
     Criterion,
     find_capacity,
+    fluid_capacity,
     judge,
     measured,
     parse_criteria,
@@ -59,7 +60,7 @@ def test_grid_points_cover_every_combination_in_order() -> None:
     assert len(points) == 2 * 3 * 2 * 2
     assert [p.index for p in points] == list(range(24))
     assert (points[0].variant, points[1].variant) == ("fifo", "budget+ll")
-    with pytest.raises(ValueError, match="num_replicas must be >= 1"):
+    with pytest.raises(ValueError, match=r"num_replicas must be in \[1, 4096\]"):
         grid_points(VARIANTS, [1], [0])
 
 
@@ -113,6 +114,18 @@ def test_a_close_fluid_estimate_saves_probes() -> None:
     blind = find_capacity(step(37.0), search)
     informed = find_capacity(step(37.0), search, estimate_rate=40.0)
     assert len(informed.probes) < len(blind.probes) <= 30
+
+
+def test_fluid_capacity_is_the_drain_rate_of_a_burst() -> None:
+    reqs = workloads.load_default_trace()[:600]
+    fluid = fluid_capacity(reqs, BASE, COST)
+    # the notebooks' rates bracket it: at 0.5x nothing queues, at 1.2x the queue grows
+    low = run_grid(reqs, base=BASE, cost_model=COST, variants={"fifo": {}},
+                   request_rates=[0.5 * fluid, 1.2 * fluid], progress=False)  # fmt: skip
+    assert 0 < fluid < 1000
+    assert low.mean_ttft_ms.iloc[1] > 3 * low.mean_ttft_ms.iloc[0]
+    with pytest.raises(ValueError, match="at least one request"):
+        fluid_capacity([], BASE, COST)
 
 
 def test_capacity_edges_zero_and_capped() -> None:
@@ -253,7 +266,10 @@ def test_rose_sim_capacity_over_a_grid(monkeypatch, capsys, tmp_path) -> None:
         (["capacity", "--num-requests", "5"], "capacity needs SLOs"),
         (["capacity", "--goodput", "ttft:5", "--min-rate", "0"], "--min-rate"),
         (["capacity", "--goodput", "ttft:p100x:5"], "not a finite number"),
-        (["capacity", "--goodput", "ttft:5", "--pd-ratios", "1:0"], "num_replicas must be >= 1"),
+        (
+            ["capacity", "--goodput", "ttft:5", "--pd-ratios", "1:0"],
+            "num_replicas must be in [1, 4096]",
+        ),
         (
             ["capacity", "--goodput", "ttft:5", "--pd-ratios", "1:1", "--num-replicas", "2"],
             "drop the replica counts",

@@ -201,6 +201,107 @@ if pytest is not None:
         with pytest.raises(PolicyError, match="chunked prefill is off"):
             check([(seqs[0], 4)], chunked=False)
 
+    @pytest.mark.parametrize("reserve_full", [False, True])
+    def test_reserve_full_isl_admits_only_whole_sequences(reserve_full: bool) -> None:
+        """vLLM's scheduler_reserve_full_isl: a chunk that fits is not enough, the
+        whole prompt's blocks must be free (the vllm-v1 presets turn it on)."""
+        from conftest import make_scheduler, req
+
+        from roseinfer.config import SCHEDULER_PRESETS
+
+        assert SCHEDULER_PRESETS["vllm-v1"]["scheduler_reserve_full_isl"] is True
+        assert SCHEDULER_PRESETS["vllm-v1-cpu"]["scheduler_reserve_full_isl"] is True
+        sched = make_scheduler(load_registry(), loop_order="mixed", enable_chunked_prefill=True,
+                               max_num_batched_tokens=8, num_kv_blocks=6, block_size=4,
+                               scheduler_reserve_full_isl=reserve_full)  # fmt: skip
+        sched.add_request(req(0, 12, 8), 0.0)
+        sched.add_request(req(1, 16, 4), 0.0)
+        steps = []
+        for now in range(2):
+            out = sched.schedule(float(now))
+            steps.append([(i.seq.request_id, i.num_new_tokens) for i in out.scheduled])
+            sched.update(out, now + 1.0)
+        # step 2: r0's last 4 prompt tokens leave 4 of the budget and 3 free blocks:
+        # r1's first chunk needs 1, its whole 16-token prompt 4
+        assert steps[0] == [("r0", 8)]
+        assert steps[1] == ([("r0", 4)] if reserve_full else [("r0", 4), ("r1", 4)])
+        sched.check_invariants()
+
+    def test_says_when_a_length_predictor_cannot_be_fitted(registry) -> None:
+        """As rose-serve: inside vLLM a predictor fitted on a workload (bucket) has none,
+        so the length-aware policy would run as FIFO; without --length-predictor the
+        policy ranks by each request's max_tokens (oracle), and vLLM logs which."""
+        from roseinfer.integrations._vllm_bridge import unfitted_predictor_warning
+
+        given = {"--policy fifo": None, "--policy sjf --length-predictor oracle": None,
+                 "--policy sjf --length-predictor bucket": "runs as FIFO",
+                 "--policy vtc": None, "--policy srpt": "the default inside a server"}  # fmt: skip
+        for text, says in given.items():
+            settings = parse_policy_env(text, registry)
+            line = unfitted_predictor_warning(settings, registry)
+            assert (line is None) is (says is None), text
+            if says is not None:
+                assert line is not None and says in line
+        srpt = parse_policy_env("--policy srpt", registry)
+        assert srpt.options.get("length_predictor") == "oracle"
+
+    def test_lab_simulates_what_rose_sim_builds(registry) -> None:
+        """The benchmarks' simulated side (no vLLM): the vllm-v1 preset with the engine's
+        limits and the policy flags; the workload's tenants, classes and token ids; the
+        effect table's ratios."""
+        import pandas as pd
+
+        from roseinfer.config import SCHEDULER_PRESETS
+        from roseinfer.integrations.vllm_lab import (
+            EFFECTS,
+            WorkloadSpec,
+            conv_workload,
+            effect_markdown,
+            effect_table,
+        )
+        from roseinfer.integrations.vllm_replay import EngineSettings, rose_sim_command, sim_config
+
+        settings = EngineSettings(model="tiny-gpt2", max_num_seqs=6, max_num_batched_tokens=256)
+        config = sim_config(settings, "--policy sjf --length-predictor oracle", registry)
+        assert (config.policy, config.max_num_seqs, config.max_num_batched_tokens) == (
+            "sjf",
+            6,
+            256,
+        )
+        assert config.options.get("length_predictor") == "oracle"
+        for key, value in SCHEDULER_PRESETS["vllm-v1"].items():
+            if key not in ("max_num_seqs", "max_num_batched_tokens"):
+                assert getattr(config, key) == value, key
+        assert (config.num_kv_blocks, config.block_size) == (1024, 32)
+        with pytest.raises(ConfigError, match="cannot run inside vLLM"):
+            sim_config(settings, "--loop-order prefill-first", registry)
+        line = rose_sim_command(settings, None, "s.jsonl", "t.csv")
+        assert line.startswith("rose-sim --scheduler-preset vllm-v1 --cost-model s.jsonl")
+        assert "--max-num-seqs 6 --max-num-batched-tokens 256 --policy fifo" in line
+        with pytest.raises(ValueError, match="max_num_seqs must be > 0"):
+            EngineSettings(max_num_seqs=0)
+
+        requests, note = conv_workload(WorkloadSpec(num_requests=33), vocab_size=1000)
+        assert len(requests) == 33 and "10:1" in note
+        assert [r.tenant for r in requests].count("light") == 3
+        assert {r.priority for r in requests} <= {0, 1}
+        assert all(max(r.prompt_token_ids) < 1000 for r in requests)
+        assert all(8 <= r.num_prompt_tokens <= 512 and 2 <= r.max_output_tokens <= 64
+                   for r in requests)  # fmt: skip
+
+        def fig(x: float) -> dict[str, float]:
+            return {e.figure: x for e in EFFECTS}
+
+        runs = {"vllm": {"fifo": [fig(100.0), fig(200.0)], **{e.name: [fig(50.0), fig(300.0)]
+                                                                for e in EFFECTS}},
+                "sim": {"fifo": [fig(100.0)], **{e.name: [fig(90.0)] for e in EFFECTS}}}  # fmt: skip
+        table = effect_table(runs)
+        assert isinstance(table, pd.DataFrame) and len(table) == 2 * len(EFFECTS)
+        real = table[table.backend == "vllm"].iloc[0]
+        assert (real.ratio_min, real.ratio_max, real.ratio) == (0.5, 1.5, 1.0)
+        assert not real.holds and table[table.backend == "sim"].holds.all()
+        assert "| vtc | light tenant p99 TTFT |" in effect_markdown(table)
+
     # ======================================================== vLLM tests
     def _vllm_python() -> Path | None:
         given = os.environ.get("ROSEINFER_VLLM_PYTHON")
@@ -244,7 +345,12 @@ if pytest is not None:
         runs = vllm_report["runs"]
         acted = {n: r["replay"]["acted"] for n, r in runs.items()}
         assert acted["vtc"]["observe_step"] > 0, acted["vtc"]
-        assert acted["srpt"]["preempt"] > 0 and acted["priority"]["preempt"] > 0, acted
+        # priority preempts for an urgent arrival; srpt is asked every step (its
+        # answers compared above) but may rightly decline: its swap must pay for the
+        # victim's recompute
+        assert (
+            acted["priority"]["preempt"] > 0 and runs["srpt"]["replay"]["compared"]["preempt"] > 0
+        )
         assert acted["edf"]["drop"] > 0, acted["edf"]
         assert acted["srpt"]["select_victim"] > 0 and acted["priority"]["select_victim"] > 0
         assert runs["lpm"]["num_cache_hits"] > 0, "lpm saw no prefix-cache hit"
@@ -279,12 +385,14 @@ if pytest is not None:
         run = vllm_report["runs"]["fifo"]
         log = load_step_log(run["step_log"])
         assert log.header["backend"] == "vllm"
-        assert log.header["model"]["spec"] is None and log.header["model"]["name"]
+        spec = log.header["model"]["spec"]  # the shape rose-sim --cost-model needs
+        assert log.header["model"]["name"] and (spec["num_layers"], spec["hidden_size"]) == (2, 64)
+        assert spec["dtype_bytes"] == 4
         executor = log.header["executor"]
         for key in ("device", "dtype", "num_kv_blocks", "block_size", "max_model_len",
                     "max_num_seqs", "max_num_batched_tokens"):  # fmt: skip
             assert executor[key] is not None, key
-        assert (executor["block_size"], executor["num_kv_blocks"]) == (32, 10)
+        assert (executor["block_size"], executor["num_kv_blocks"]) == (32, 9)  # + a null block
         assert executor["max_num_batched_tokens"] == 64 and executor["dtype"] == "float32"
         last: dict[str, int] = {}
         for record in log.records:

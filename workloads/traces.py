@@ -162,16 +162,18 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
             return "mooncake"
         if set(PLAIN_COLUMNS) <= keys:
             return "plain"
-        found = ", ".join(sorted(map(str, keys)))
+        found = f"a JSON object with {len(keys)} keys, none a trace's"
     else:
         header = {c.strip() for c in first.split(",")}
         if set(AZURE_COLUMNS) <= header:
             return "azure"
         if set(PLAIN_COLUMNS) <= header:
             return "plain"
-        found = first
+        found = f"a line of {len(first)} characters, not a trace header"
+    # NOTE: the line itself is not echoed: a file given by mistake (/etc/passwd, a
+    # key file) must not have its content copied to stderr and logs.
     raise WorkloadError(
-        f"{path}:1: unrecognised trace format (found {clip(found)!r}); expected an Azure header "
+        f"{path}:1: unrecognised trace format (found {found}); expected an Azure header "
         f"{','.join(AZURE_COLUMNS)}, Mooncake keys {', '.join(MOONCAKE_KEYS)}, or plain "
         f"{', '.join(PLAIN_COLUMNS)}; or pass fmt= one of {', '.join(KNOWN_FORMATS[1:])}"
     )
