@@ -58,10 +58,12 @@ def outcome(prog: str, work: Callable[[], object]) -> tuple[int, list[str]]:
 
 
 def assert_clean(prog: str, code: int, lines: list[str]) -> None:
-    """Success, or exactly one ``prog: error:`` line with exit code 2."""
+    """Success, or exactly one ``prog: error:`` line with exit code 2 (after any
+    ``prog: warning:`` lines, e.g. a deprecated flag's)."""
     if code == 0:
         return
     assert code == 2, (code, lines)
+    lines = [line for line in lines if not line.startswith(f"{prog}: warning: ")]
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), lines
     assert len(lines[0]) < 2000, lines[0][:300]
 
