@@ -89,6 +89,35 @@ def records_of(sched: Scheduler) -> pd.DataFrame:
     return builder.frame()
 
 
+def drive_unit_steps(
+    sched: Scheduler, reqs: list[Request], max_steps: int = 10_000, prepare: bool = False
+) -> pd.DataFrame:
+    """Drive ``sched`` with steps of 1 s, releasing arrivals on time; its records at
+    the end. ``prepare``: start as a replay does (``start_replay``: fit a predictor).
+
+    Raises:
+        AssertionError: if the work is not done within ``max_steps`` steps.
+    """
+    if prepare:
+        from roseinfer.driver import start_replay
+
+        start_replay(sched, reqs, warn=lambda message: None)
+    now, i = 0.0, 0
+    for _ in range(max_steps):
+        while i < len(reqs) and reqs[i].arrival_time_s <= now:
+            sched.add_request(reqs[i], now)
+            i += 1
+        out = sched.schedule(now)
+        if out.is_empty:
+            if i == len(reqs):
+                return records_of(sched)
+            now = reqs[i].arrival_time_s
+            continue
+        now += 1.0
+        sched.update(out, now)
+    raise AssertionError("no progress")
+
+
 def run_cli(main: Callable[[], int], prog: str, monkeypatch, capsys, *args: str):  # type: ignore[no-untyped-def]
     """Run a console script's ``main`` with ``args``: (exit code, stdout, stderr)."""
     monkeypatch.setattr(sys, "argv", [prog, *args])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import make_scheduler, records_of, req
+from conftest import drive_unit_steps, make_scheduler, req
 
 from roseinfer.interface import AdmissionPolicy, PolicyError, PolicyOptions
 from roseinfer.registry import Entry, load_registry
@@ -13,22 +13,7 @@ from roseinfer.request import Request
 from roseinfer.simulator.cli import main as sim_main
 from roseinfer.workloads import GroupSpec, WorkloadError, groups, load_trace, two_tenant
 
-
-def drive(sched, reqs, max_steps=10_000):  # type: ignore[no-untyped-def]
-    now, i = 0.0, 0
-    for _ in range(max_steps):
-        while i < len(reqs) and reqs[i].arrival_time_s <= now:
-            sched.add_request(reqs[i], now)
-            i += 1
-        out = sched.schedule(now)
-        if out.is_empty:
-            if i == len(reqs):
-                return records_of(sched)
-            now = reqs[i].arrival_time_s
-            continue
-        now += 1.0
-        sched.update(out, now)
-    raise AssertionError("no progress")
+drive = drive_unit_steps
 
 
 # ------------------------------------------------------------------ traces

@@ -16,7 +16,7 @@ import json
 import logging
 
 import pytest
-from conftest import make_scheduler, records_of, req, run_cli
+from conftest import drive_unit_steps, make_scheduler, req, run_cli
 
 from roseinfer.driver import policy_warning, start_replay
 from roseinfer.interface import PolicyOptions
@@ -29,22 +29,8 @@ OLD_SRPT = {"srpt_preempt_factor": 1.0, "srpt_recompute_weight": 0.0}  # the pre
 
 
 def drive(sched, reqs, max_steps=10_000):  # type: ignore[no-untyped-def]
-    """Unit steps of 1 s, arrivals released on time; the records at the end."""
-    start_replay(sched, reqs, warn=lambda message: None)
-    now, i = 0.0, 0
-    for _ in range(max_steps):
-        while i < len(reqs) and reqs[i].arrival_time_s <= now:
-            sched.add_request(reqs[i], now)
-            i += 1
-        out = sched.schedule(now)
-        if out.is_empty:
-            if i == len(reqs):
-                return records_of(sched).set_index("request_id")
-            now = reqs[i].arrival_time_s
-            continue
-        now += 1.0
-        sched.update(out, now)
-    raise AssertionError("no progress")
+    """Unit steps of 1 s, started as a replay; the records by request id."""
+    return drive_unit_steps(sched, reqs, max_steps, prepare=True).set_index("request_id")
 
 
 def srpt(**knobs: float) -> PolicyOptions:
