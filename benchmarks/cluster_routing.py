@@ -1,7 +1,7 @@
 """Prefix-aware vs round-robin routing on the Mooncake synthetic trace.
 
-Replays ``../shared/traces/synthetic_trace.jsonl`` (3,993 requests with
-shared prefixes, Mooncake FAST'25; not shipped in the repo) at its native
+Replays the Mooncake synthetic trace (``mooncake-synthetic``: 3,993 requests
+with shared prefixes, Mooncake FAST'25; fetched and cached on first use) at its native
 arrival times on 4 and 8 replicas of Llama-3.1-8B on H100 (roofline cost
 model, prefix caching, each replica its own KV pool), with every router
 given, and prints per run: wall time, cluster prefix-cache hit rate, p99 and
@@ -16,6 +16,7 @@ request already had (an infinite cache shared by every replica).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from roseinfer.registry import load_registry
 from roseinfer.request import Request
 from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "synthetic_trace.jsonl"
+TRACE = "mooncake-synthetic"
 BLOCK_SIZE = 16
 
 
@@ -59,14 +60,17 @@ def default_num_kv_blocks(model: str, device: str) -> int:
 def main() -> None:
     """Run every (replicas, router) and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--trace", default=TRACE, help="a trace file or a public trace name")
     parser.add_argument("--replicas", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--routers", nargs="+", default=["round-robin", "prefix-aware"])
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--device", default="h100-sxm")
     parser.add_argument("--repeats", type=int, default=1, help="runs per cell (wall time spread)")
     args = parser.parse_args()
-    requests = workloads.load_trace(args.trace)
+    try:
+        requests = workloads.load_trace(args.trace)
+    except workloads.WorkloadError as err:
+        sys.exit(f"cluster_routing.py: error: {err}")
     registry = load_registry()
     config = SchedulerConfig(
         num_kv_blocks=default_num_kv_blocks(args.model, args.device),
@@ -76,7 +80,7 @@ def main() -> None:
     )
     cost = make_cost_model(args.model, args.device)
     print(
-        f"{args.trace.name}: {len(requests)} requests, ideal prefix hit rate "
+        f"{Path(args.trace).name}: {len(requests)} requests, ideal prefix hit rate "
         f"{ideal_hit_rate(requests):.3f} (infinite shared cache)"
     )
     print(

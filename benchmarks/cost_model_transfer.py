@@ -45,13 +45,13 @@ from roseinfer.calibration import (  # noqa: E402
 from roseinfer.calibration.cost_model import make_cost_model  # noqa: E402
 from roseinfer.calibration.specs import ModelSpec, get_device_spec  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
-from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
+from roseinfer.executor.builder import new_runner  # noqa: E402
+from roseinfer.executor.facts import model_spec_of  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.profiler import (  # noqa: E402
     GridLimits,
     batch_shape_of,
     measure_host_overhead,
-    model_spec_of,
     profile_grid,
     time_grid,
 )
@@ -83,9 +83,7 @@ def measure_target(name: str, args: argparse.Namespace, profile_executor: dict):
         max_num_seqs=args.max_num_seqs,
         max_model_len=max_len,
     )
-    runner = ModelRunner(
-        model, num_kv_blocks=blocks, block_size=block, device="cpu", dtype=torch.float32
-    )
+    runner = new_runner(model, config, device="cpu", dtype=torch.float32)
     warm_up(runner, config)
     host = measure_host_overhead(config, runner.vocab_size)
     limits = GridLimits(args.max_num_batched_tokens, args.max_num_seqs, max_len, blocks * block)

@@ -20,7 +20,7 @@ Workloads (ShareGPT itself is not on this machine), two chat length mixes:
   output tokens on average, OPT tokenizer); the spread (sigma = 1) is an
   assumption. Short prompts: prefill is a small share of the work.
 - ``azure-conv``: the Azure LLM inference conversation trace 2023 (a real chat
-  service; ``../shared/traces``, else the embedded first 2,000 rows), prompts
+  service; ``azure-conv-2023``, fetched once, else the embedded first 2,000 rows), prompts
   of 1,155 tokens on average: prefill-heavy, as chat with history is.
 
 Both are clipped to OPT-13B's 2,048-token context (``--fit-lengths clip``).
@@ -39,13 +39,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from roseinfer.experiments.sweep_cli import capacity_main
+from roseinfer.cli.capacity import capacity_main
 
 SHAREGPT_MEAN_PROMPT = 161.31  # vLLM paper (SOSP'23), Fig. 11, ShareGPT
 SHAREGPT_MEAN_OUTPUT = 337.99
@@ -85,14 +86,13 @@ def layouts(work: Path) -> list[tuple[str, list[str]]]:
 def trace_file(workload: str, num: int, seed: int, work: Path) -> Path:
     """The workload as a trace file ``rose-sim capacity --trace`` reads."""
     if workload == "azure-conv":
-        shared = (
-            Path(__file__).resolve().parents[1] / "../shared/traces/AzureLLMInferenceTrace_conv.csv"
-        )
-        if shared.exists():
-            return shared
-        from roseinfer.workloads import load_default_trace
+        from roseinfer import workloads
 
-        reqs = load_default_trace()
+        try:
+            return workloads.resolve_trace("azure-conv-2023")
+        except workloads.WorkloadError as err:
+            print(f"distserve_chatbot.py: {err}; using the embedded sample", file=sys.stderr)
+        reqs = workloads.load_default_trace()
         frame = pd.DataFrame({"arrival_s": [r.arrival_time_s for r in reqs],
                               "prompt_tokens": [r.num_prompt_tokens for r in reqs],
                               "output_tokens": [r.max_output_tokens for r in reqs]})  # fmt: skip

@@ -45,10 +45,10 @@ import torch
 from _common import GPT2_CONTEXT, describe, machine_line, set_threads, table, trace_slice
 
 from roseinfer import workloads
-from roseinfer.cli import kv_blocks_from_bytes
-from roseinfer.config import SchedulerConfig
+from roseinfer.calibration.specs import ModelSpec
+from roseinfer.config import SchedulerConfig, kv_blocks_from_bytes
+from roseinfer.executor.builder import new_runner
 from roseinfer.executor.engine import Engine
-from roseinfer.executor.model_runner import ModelRunner
 from roseinfer.executor.models import build_model
 from roseinfer.metrics.summary import summarize
 
@@ -155,14 +155,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     base = meter.now()
     model, config, _tok = build_model("gpt2", seed=0, dtype=dtype, device=device)
     after_model = meter.now()
-    kv_bytes_per_token = 2 * config.n_layer * config.n_embd * torch.finfo(dtype).bits // 8
+    spec = ModelSpec.from_hf_config(config, dtype_bytes=torch.finfo(dtype).bits // 8)
+    kv_bytes_per_token = spec.kv_bytes_per_token
     num_blocks = args.num_kv_blocks or kv_blocks_from_bytes(
         args.kv_cache_gb * 2**30, kv_bytes_per_token, BLOCK_SIZE
     )
-    runner = ModelRunner(
-        model, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE, device=device, dtype=dtype
-    )
-    after_pool = meter.now()
     sched = SchedulerConfig(
         num_kv_blocks=num_blocks,
         block_size=BLOCK_SIZE,
@@ -170,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         prefill_max_tokens=args.prefill_max_tokens,
         max_model_len=args.max_model_len,
     )
+    runner = new_runner(model, sched, device=device, dtype=dtype)
+    after_pool = meter.now()
     engine = Engine(runner, sched, seed=0)
     t0 = time.perf_counter()
     result = engine.run(reqs)

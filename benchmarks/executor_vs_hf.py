@@ -89,8 +89,8 @@ from _common import (
 
 from roseinfer import workloads
 from roseinfer.config import SchedulerConfig
+from roseinfer.executor.builder import RunnerChoice, new_runner
 from roseinfer.executor.engine import Engine
-from roseinfer.executor.model_runner import ModelRunner
 from roseinfer.executor.models import build_model
 from roseinfer.request import Request
 
@@ -132,29 +132,27 @@ class Rose:
         attention_backend: str = "auto",
     ) -> None:
         self.num_blocks = blocks_needed(reqs, BLOCK_SIZE)
-        t0 = time.perf_counter()
-        self.runner = ModelRunner(
-            model,
-            num_kv_blocks=self.num_blocks,
-            block_size=BLOCK_SIZE,
-            device=device,
-            dtype=dtype,
-            attention_backend=attention_backend,
-        )
-        self.startup_s = time.perf_counter() - t0
         self.config = SchedulerConfig(
             num_kv_blocks=self.num_blocks,
             block_size=BLOCK_SIZE,
             max_num_seqs=max(len(reqs), 1),
             max_model_len=GPT2_CONTEXT,
         )
+        t0 = time.perf_counter()
+        self.runner = new_runner(
+            model, self.config, device=device, dtype=dtype, choice=RunnerChoice(attention_backend)
+        )
+        self.startup_s = time.perf_counter() - t0
 
     def run(self, reqs: Sequence[Request]) -> Result:
         engine = Engine(self.runner, self.config, seed=0)
         t0 = time.perf_counter()
         res = engine.run(reqs)
         wall = time.perf_counter() - t0
-        outs = {s.request_id: list(s.output_token_ids) for s in res.scheduler.seqs}
+        records = res.records
+        outs = {
+            rid: list(ids) for rid, ids in zip(records["request_id"], records["output_token_ids"])
+        }
         n = sum(len(v) for v in outs.values())
         return Result(wall, n, n, outs)
 

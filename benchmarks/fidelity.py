@@ -46,12 +46,15 @@ import torch  # noqa: E402
 
 from roseinfer import workloads  # noqa: E402
 from roseinfer.calibration import Profile, load_profile  # noqa: E402
-from roseinfer.calibration.cost_model import CostModel  # noqa: E402
+from roseinfer.calibration.cost_model import (  # noqa: E402
+    CostModel,
+    cost_model_source,
+    make_cost_model,
+)
 from roseinfer.calibration.profile import cost_model_from_steps, load_calibration  # noqa: E402
+from roseinfer.calibration.specs import ModelSpec  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
-from roseinfer.executor import cli as run_cli  # noqa: E402
-from roseinfer.executor.facts import model_spec_of  # noqa: E402
-from roseinfer.executor.models import build_model  # noqa: E402
+from roseinfer.executor import builder  # noqa: E402
 from roseinfer.executor.profiler import run_profile  # noqa: E402
 from roseinfer.executor.replay import ExecutorReplay  # noqa: E402
 from roseinfer.experiments.fidelity import (  # noqa: E402
@@ -59,17 +62,20 @@ from roseinfer.experiments.fidelity import (  # noqa: E402
     DEFAULT_PREFILL_MAX_TOKENS,
     LOOP_ORDERS,
     POLICIES,
+    SERVING_BUDGET_TOKENS,
+    Combination,
     FidelityReport,
     decomposition_table,
     default_combinations,
     estimate_capacity,
     markdown_table,
     run_fidelity,
+    serving_combinations,
+    simulate_output,
 )
 from roseinfer.request import Request  # noqa: E402
 
-TRACE_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+TRACES = {"conv": "azure-conv-2023", "code": "azure-code-2023"}  # public traces, fetched once
 SUMMARY_METRICS = ["p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms",
                    "p99_itl_ms", "p50_e2el_ms", "p99_e2el_ms", "output_throughput"]  # fmt: skip
 
@@ -85,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=["conv", "code"])
-    p.add_argument("--trace-dir", type=Path, default=TRACE_DIR, help="where the Azure CSVs are")
+    p.add_argument("--trace-dir", type=Path,
+                   help="a folder holding the Azure CSVs (default: the public traces, cached)")  # fmt: skip
     p.add_argument("--num-requests", type=int, default=200, help="requests per trace slice")
     p.add_argument("--skip", type=int, default=0, help="trace rows skipped before the slice")
     p.add_argument("--prompt-scale", type=float, default=0.25, help="prompt length factor")
@@ -93,10 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-output-tokens", type=int, default=64)
     p.add_argument("--loads", nargs="+", type=float, default=[0.6, 1.0],
                    help="arrival rates as fractions of the simulated capacity")  # fmt: skip
+    p.add_argument("--grid", choices=["policies", "serving"], default="policies",
+                   help="policies: every --policies x --loop-orders; serving: fifo, budget B, "
+                   "pack B + force-FIFO 8, budget B decode-first, mixed + chunked B "
+                   "(B = --budget-tokens)")  # fmt: skip
+    p.add_argument("--budget-tokens", type=int, default=SERVING_BUDGET_TOKENS,
+                   help="the serving grid's token budget B (default 2048)")  # fmt: skip
+    p.add_argument("--roofline", metavar="SPEC",
+                   help="also price every case with the built-in roofline of --model on this "
+                   "hardware (e.g. h100-sxm), against the same real runs: a second report")  # fmt: skip
+    p.add_argument("--time-budget-s", type=float,
+                   help="cut --num-requests (never combinations) so that the real runs, as "
+                   "the simulator prices them, fit this many seconds")  # fmt: skip
+    p.add_argument("--run-overhead-s", type=float, default=5.0,
+                   help="seconds each real run costs besides its requests (warm-up, replay)")  # fmt: skip
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument("--loop-orders", nargs="+", default=list(LOOP_ORDERS))
-    p.add_argument("--only", nargs="+", metavar="POLICY/ORDER",
-                   help="keep only these combinations of the grid, e.g. fifo/mixed")  # fmt: skip
+    p.add_argument("--only", nargs="+", metavar="NAME",
+                   help="keep only these combinations of the grid, e.g. fifo/mixed "
+                   "(policies) or budget-2048/decode-first (serving)")  # fmt: skip
     p.add_argument("--prefill-max-tokens", type=int, default=DEFAULT_PREFILL_MAX_TOKENS,
                    help="budget/pack admission budget")  # fmt: skip
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS,
@@ -116,37 +138,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def ensure_profile(args: argparse.Namespace, model, hf_config, dtype) -> Profile:  # type: ignore[no-untyped-def]
+def ensure_profile(args: argparse.Namespace, loaded: builder.LoadedModel) -> Profile:
     """Load ``--profile``, or profile the model now with rose-run's defaults and save it."""
     if args.profile.exists():
         return load_profile(args.profile)
     print(f"no {args.profile}: profiling {args.model} first", file=sys.stderr)
-    device = torch.device(args.device)
-    max_len = run_cli._max_context(model)
-    kv_bytes = run_cli._kv_bytes_per_token(hf_config, dtype)
-    num_seqs = args.max_num_seqs or 256
-    ns = argparse.Namespace(kv_cache_memory_gb=None, block_size=16, gpu_memory_utilization=0.9)
-    blocks = run_cli.default_num_kv_blocks(ns, kv_bytes, device, num_seqs * -(-max_len // 16))
-    config = SchedulerConfig(num_kv_blocks=blocks, max_num_seqs=num_seqs, max_model_len=max_len)
-    runner = run_cli.ModelRunner(model, num_kv_blocks=blocks, block_size=16, device=device,
-                                 dtype=dtype)  # fmt: skip
+    max_len, num_seqs = loaded.max_context, args.max_num_seqs or 256
+    pool = builder.size_kv_pool(builder.KVPoolChoice(block_size=16), loaded,
+                                num_seqs * -(-max_len // 16))  # fmt: skip
+    config = SchedulerConfig(num_kv_blocks=pool.num_blocks, max_num_seqs=num_seqs,
+                             max_model_len=max_len)  # fmt: skip
+    built = builder.build_runner(loaded, config, pool)
     profile = run_profile(
-        runner, config, model_name=args.model, hf_config=hf_config,
-        model_spec=model_spec_of(args.model, hf_config, dtype),
+        built.runner, built.config, model_name=args.model,
+        hf_config=loaded.hf_config, model_spec=loaded.spec,
         max_num_batched_tokens=max(max_len, 2048), repetitions=args.profile_repetitions,
         seed=args.seed,
     )  # fmt: skip
     profile.save(args.profile)
-    return profile
+    return dataclasses.replace(profile, path=str(args.profile))
 
 
 def trace_slice(args: argparse.Namespace, trace: str, vocab: int) -> tuple[list[Request], str]:
     """``--num-requests`` rows of a trace with lengths scaled and clipped (see the
-    module docstring) and token ids made up; the embedded conv sample when absent."""
-    path = args.trace_dir / TRACES[trace]
-    if path.exists():
+    module docstring) and token ids made up; the embedded conv sample when the trace
+    cannot be had (offline, nothing cached)."""
+    public = workloads.CATALOGUE[TRACES[trace]]
+    try:
+        path = (args.trace_dir / public.file_name if args.trace_dir
+                else workloads.resolve_trace(public.name))  # fmt: skip
         reqs, name = workloads.load_trace(path), f"Azure {trace} ({path.name})"
-    else:
+    except workloads.WorkloadError as err:
+        print(f"fidelity.py: {err}; using the embedded sample", file=sys.stderr)
         reqs = workloads.load_default_trace()
         name = f"{workloads.DEFAULT_TRACE_NAME} ({trace} absent)"
     reqs = workloads.select(reqs, num_requests=args.num_requests, skip=args.skip)
@@ -176,6 +199,7 @@ def machine_facts() -> dict[str, Any]:
         "processor": platform.processor(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -208,17 +232,76 @@ def leave_one_out(args, timed, combos, report) -> FidelityReport | None:  # type
         others = [s for other, recs in steps.items() if other != name for s in recs]
         return cost_model_from_steps(others, f"{len(others)} steps of the other combinations")
 
+    return reprice(args, timed, combos, report, cost_for)
+
+
+def reprice(args, timed, combos, report, cost_model) -> FidelityReport:  # type: ignore[no-untyped-def]
+    """``report``'s real runs (not run again) against the simulator priced by
+    ``cost_model`` (one, or one per combination name)."""
     cached = {id(c.config): iter(report.real[c.name]) for c in combos}
-    return run_fidelity(timed, combos, cost_for, lambda _r, config: next(cached[id(config)]),
+    return run_fidelity(timed, combos, cost_model, lambda _r, config: next(cached[id(config)]),
                         repeats=args.repeats, num_resamples=args.resamples)  # fmt: skip
+
+
+def choose_combinations(args: argparse.Namespace, base: SchedulerConfig) -> list[Combination]:
+    """The ``--grid``'s combinations, cut to ``--only``."""
+    if args.grid == "serving":
+        combos = serving_combinations(base, args.budget_tokens)
+    else:
+        combos = default_combinations(base, args.policies, args.loop_orders,
+                                      prefill_max_tokens=args.prefill_max_tokens,
+                                      chunk_tokens=args.chunk_tokens)  # fmt: skip
+    if args.only:
+        unknown = set(args.only) - {c.name for c in combos}
+        if unknown:
+            raise SystemExit(f"fidelity: error: --only {sorted(unknown)} not in the grid "
+                             f"({', '.join(c.name for c in combos)})")  # fmt: skip
+        combos = [c for c in combos if c.name in args.only]
+    return combos
+
+
+def planned_wall_s(args, slices, base, combos, cost_model) -> float:  # type: ignore[no-untyped-def]
+    """Seconds the real runs take as the simulator prices them: every slice x load x
+    combination x repeat, each run its simulated duration plus ``--run-overhead-s``."""
+    total = 0.0
+    for reqs, _ in slices:
+        capacity = estimate_capacity(reqs, base, cost_model)
+        for load in args.loads:
+            timed = timed_requests(args, reqs, load, capacity)
+            for combo in combos:
+                duration = simulate_output(timed, combo.config, cost_model).duration_s
+                total += args.repeats * (duration + args.run_overhead_s)
+    return total
+
+
+def fit_time_budget(args, vocab, base, combos, cost_model) -> list[tuple[list[Request], str]]:  # type: ignore[no-untyped-def]
+    """The trace slices, with ``--num-requests`` cut (in place) until the planned real
+    runs fit ``--time-budget-s``; a run's duration grows with its request count."""
+    slices = [trace_slice(args, trace, vocab) for trace in args.traces]
+    if args.time_budget_s is None:
+        return slices
+    for _ in range(4):  # durations are close to linear in requests: a few rounds settle
+        planned = planned_wall_s(args, slices, base, combos, cost_model)
+        if planned <= args.time_budget_s or args.num_requests <= 8:
+            break
+        wanted = int(args.num_requests * args.time_budget_s / planned * 0.95)
+        print(f"fidelity: {planned:.0f} s planned > --time-budget-s {args.time_budget_s:.0f}: "
+              f"cutting requests {args.num_requests} -> {max(8, wanted)} (combinations kept)",
+              file=sys.stderr)  # fmt: skip
+        args.num_requests = max(8, wanted)
+        slices = [trace_slice(args, trace, vocab) for trace in args.traces]
+    return slices
 
 
 def run_case(args, reqs, load, capacity, combos, cost_model, real) -> FidelityReport:  # type: ignore[no-untyped-def]
     """One trace slice at one load: Poisson arrivals at ``load`` x capacity."""
     timed = timed_requests(args, reqs, load, capacity)
 
+    start = time.perf_counter()
+
     def on_run(name: str, what: str) -> None:
-        print(f"  {name}: {what}", file=sys.stderr, flush=True)
+        elapsed = time.perf_counter() - start
+        print(f"  {name}: {what} (case {elapsed:.0f} s)", file=sys.stderr, flush=True)
 
     return run_fidelity(timed, combos, cost_model, real, repeats=args.repeats, on_run=on_run,
                         num_resamples=args.resamples)  # fmt: skip
@@ -227,66 +310,82 @@ def run_case(args, reqs, load, capacity, combos, cost_model, real) -> FidelityRe
 def main() -> int:
     """Entry point: profile if needed, run every case, write OUTPUT.md / OUTPUT.json."""
     args = build_parser().parse_args()
-    device = run_cli.resolve_device(args.device)
-    run_cli.set_num_threads(args.num_threads)
     start, facts_before = time.perf_counter(), machine_facts()
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    model, hf_config, _ = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
-    profile = ensure_profile(args, model, hf_config, dtype)
+    loaded = builder.load_model(
+        builder.ModelChoice(args.model, args.device, seed=args.seed, num_threads=args.num_threads)
+    )
+    model, hf_config, device, dtype = loaded.model, loaded.hf_config, loaded.device, loaded.dtype
+    profile = ensure_profile(args, loaded)
     calibration = load_calibration(args.cost_model) if args.cost_model else profile
     cost_model, base = calibration.cost_model(), base_config(profile, args)
-    combos = default_combinations(base, args.policies, args.loop_orders,
-                                  prefill_max_tokens=args.prefill_max_tokens,
-                                  chunk_tokens=args.chunk_tokens)  # fmt: skip
-    if args.only:
-        unknown = set(args.only) - {c.name for c in combos}
-        if unknown:
-            raise SystemExit(f"fidelity: error: --only {sorted(unknown)} not in the grid")
-        combos = [c for c in combos if c.name in args.only]
+    spec = loaded.spec
+    roofline = make_cost_model(spec, args.roofline, spec.dtype_bytes) if args.roofline else None
+    combos = choose_combinations(args, base)
+    slices = fit_time_budget(args, int(hf_config.vocab_size), base, combos, cost_model)
     real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)
     cases, md = [], []
-    for trace in args.traces:
-        reqs, name = trace_slice(args, trace, int(hf_config.vocab_size))
+    for trace, (reqs, name) in zip(args.traces, slices):
         capacity = estimate_capacity(reqs, base, cost_model)
         for load in args.loads:
             print(f"{name} @ {load:.0%} of {capacity:.3f} req/s", file=sys.stderr)
             report = run_case(args, reqs, load, capacity, combos, cost_model, real)
+            timed = timed_requests(args, reqs, load, capacity)
             title = f"{name}, {len(reqs)} requests, {load:.0%} load ({load * capacity:.3f} req/s)"
-            md += [f"### {title}", "", "End to end (sim - real) / real (± noise floor; * = "
-                   "inside the real runs' 95% CI):", "", markdown_table(report, SUMMARY_METRICS),
-                   "", "Decomposition:", "", decomposition_table(report), ""]  # fmt: skip
-            loo = leave_one_out(args, timed_requests(args, reqs, load, capacity), combos, report)
+            md += [f"### {title}", ""] + report_md(report, cost_model_source(cost_model))
+            loo = leave_one_out(args, timed, combos, report)
             if loo is not None:
-                md += ["Calibrated from the other combinations' step logs of this case "
-                       "(`rose-sim --cost-model THEIR_STEPS.jsonl`):", "",
-                       markdown_table(loo, SUMMARY_METRICS), "", decomposition_table(loo), ""]  # fmt: skip
+                md += report_md(loo, "the other combinations' step logs of this case "
+                                "(`rose-sim --cost-model THEIR_STEPS.jsonl`)")  # fmt: skip
+            by_roofline = (
+                None if roofline is None else reprice(args, timed, combos, report, roofline)
+            )
+            if by_roofline is not None:
+                md += report_md(by_roofline, cost_model_source(roofline))
             if args.save_steps_dir is not None:
-                save_steps(args.save_steps_dir, f"{trace}-{load:g}", report)
+                save_steps(args.save_steps_dir, f"{trace}-{load:g}", report, spec)
             cases.append({"trace": trace, "workload": name, "load": load,
                           "capacity_req_s": capacity, "request_rate": load * capacity,
                           **report.to_json(),
-                          "leave_one_out": None if loo is None else loo.to_json()})  # fmt: skip
-            write_outputs(args.output, _doc(args, cost_model, facts_before, start, cases), md)
+                          "leave_one_out": None if loo is None else loo.to_json(),
+                          "roofline": None if by_roofline is None else by_roofline.to_json()})  # fmt: skip
+            doc = _doc(args, [cost_model, roofline], facts_before, start, cases)
+            write_outputs(args.output, doc, md)
     print(args.output.with_suffix(".md").read_text())
     return 0
 
 
-def save_steps(folder: Path, case: str, report: FidelityReport) -> None:
-    """Every real run's step log of ``report`` as ``folder/CASE-POLICY-ORDER-K.jsonl``."""
+def report_md(report: FidelityReport, priced_by: str) -> list[str]:
+    """One report's markdown: what priced it, the end-to-end table, the decomposition."""
+    return [f"Priced by {priced_by}. End to end (sim - real) / real (± noise floor; * = "
+            "inside the real runs' 95% CI):", "", markdown_table(report, SUMMARY_METRICS),
+            "", "Decomposition:", "", decomposition_table(report), ""]  # fmt: skip
+
+
+def save_steps(folder: Path, case: str, report: FidelityReport, spec: ModelSpec) -> None:
+    """Every real run's step log of ``report`` as ``folder/CASE-POLICY-ORDER-K.jsonl``
+    (with the model's shape, so a log calibrates alone: ``rose-sim --cost-model``,
+    ``benchmarks/fit_device_spec.py``)."""
     from roseinfer.calibration.steplog import StepLogWriter, make_header
+
+    model = {"name": spec.name, "spec": dataclasses.asdict(spec)}
 
     folder.mkdir(parents=True, exist_ok=True)
     for combo, runs in report.real.items():
         for k, run in enumerate(runs, start=1):
             name = f"{case}-{combo.replace('/', '-')}-{k}.jsonl"
-            with StepLogWriter(folder / name, make_header("rose-run", environment=run.info)) as w:
+            header = make_header("rose-run", model=model, environment=run.info)
+            with StepLogWriter(folder / name, header) as w:
                 for record in run.steps or []:
                     w.write(record)
 
 
-def _doc(args, cost_model, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def _doc(args, cost_models, facts_before, start, cases) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """The JSON document so far (written after every case, so a cut run keeps its cases)."""
+    cost_model, roofline = cost_models
     return {"profile": str(args.profile), "cost_model": cost_model.describe(),
+            "cost_model_source": cost_model_source(cost_model),
+            "roofline_source": None if roofline is None else cost_model_source(roofline),
+            "num_requests": args.num_requests,
             "machine_before": facts_before, "machine_after": machine_facts(),
             "wall_s": time.perf_counter() - start, "cases": cases}  # fmt: skip
 
@@ -297,8 +396,10 @@ def write_outputs(output: Path, doc: dict[str, Any], md: list[str]) -> None:
     load = f"{before['load_average'][0]:.2f} before, {after['load_average'][0]:.2f} after"
     header = [
         f"`{before['command']}`", "",
-        f"{before['machine']}, torch {before['torch']}, {before['num_threads']} thread(s), "
-        f"load average (1 min) {load}; {doc['wall_s']:.0f} s wall. Cost model: {doc['cost_model']}.",
+        f"{before['machine']}{', ' + before['gpu'] if before.get('gpu') else ''}, "
+        f"torch {before['torch']}, {before['num_threads']} thread(s), "
+        f"load average (1 min) {load}; {doc['wall_s']:.0f} s wall. Cost model: {doc['cost_model']} "
+        f"({doc['cost_model_source']}).",
         "",
     ]  # fmt: skip
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -115,7 +115,7 @@ def real_run_of(vllm: VllmReplay, folder: Path, case: str, policies: dict[str, s
 
 PRICINGS = {
     "own": "each policy priced by its own vLLM runs' step logs: `rose-sim --cost-model "
-    "<those logs>`, the issue's step-log calibration",
+    "<those logs>`, the step-log calibration",
     "others": "each policy priced by the OTHER policies' vLLM step logs of this load "
     "(recorded minutes apart on the same machine, none of its own steps)",
     "calibration": "every policy priced by the calibration runs' step logs (the next "

@@ -1,4 +1,4 @@
-"""Costs of two hardening changes, measured A vs B in one run (issue 10, item 4).
+"""Costs of two hardening changes, measured A vs B in one run.
 
 1. Prefix-cache block hashes: ``sha256`` (rose-run's default) vs ``builtin``
    (Python ``hash()``, rose-sim's default): nanoseconds per 16-token block, and
@@ -24,11 +24,11 @@ import timeit
 from pathlib import Path
 
 from roseinfer.block_manager import BLOCK_HASHERS
-from roseinfer.calibration.specs import get_device_spec
-from roseinfer.cli import build_workload, scheduler_config
+from roseinfer.cli.config import check_args
+from roseinfer.cli.sim import build_parser, run_config, setup_of
+from roseinfer.cli.workload import build_workload
 from roseinfer.registry import load_registry
-from roseinfer.simulator import make_cost_model, simulate
-from roseinfer.simulator.cli import build_parser, default_num_kv_blocks, load_model_spec
+from roseinfer.simulator import simulate
 from roseinfer.workloads import load_trace
 
 
@@ -54,14 +54,10 @@ def sim_wall_s(num_requests: int, repeats: int) -> dict[str, list[float]]:
                  "--prompt-tokens", "1024", "--output-tokens", "32", "--submit-interval-ms", "5",
                  "--unique-prompts", "--prefix-caching-hash-algo", name]
             )  # fmt: skip
-            args.block_size = 16
             requests, _ = build_workload(args)
-            model, device = load_model_spec("llama-3.1-8b"), get_device_spec("h100-sxm")
-            config = scheduler_config(
-                args, registry, num_kv_blocks=default_num_kv_blocks(args, model, device),
-                max_model_len=model.max_model_len,
-            )  # fmt: skip
-            result = simulate(requests, config, make_cost_model(model, device), registry=registry)
+            setup = setup_of(args)  # the defaults: llama-3.1-8b on h100-sxm, 16-token blocks
+            config = run_config(args, registry, check_args(args, registry), setup)
+            result = simulate(requests, config, setup.cost_model, registry=registry)
             times[name].append(result.wall_s)
     return times
 

@@ -1,4 +1,4 @@
-"""The policy-family figures of the README (issue 8), each from CLI runs.
+"""The policy-family figures of the README, each from CLI runs.
 
 1. Fairness: two tenants (heavy 20 req/s, light 2 req/s, same lengths, 120 s)
    in rose-sim (llama-3.1-8b on a100-80gb): light tenant's p99 TTFT, fifo vs vtc.

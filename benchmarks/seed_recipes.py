@@ -95,13 +95,21 @@ SEED_EXPERIMENTS: dict[str, SeedExperiment] = {
         },
         device="cuda",
     ),
-    # Before/after is an implementation change (batched prefill of cache misses).
+    # The post's before/after is an implementation change: with the prefix cache on,
+    # its "before" prefilled every cache miss on its own, its "after" batched them.
+    # Ours always batches; one request per prefill step (prefill_max_seqs=1), with
+    # prefill steps run while any can be formed (prefill-priority), is its "before":
+    # the serial prefills back to back within one admission round, decodes after.
     "004-prefix": SeedExperiment(
         "004 prefix cache with batched prefill: unique prompts",
         SEED_WORKLOADS["004-prefix"],
-        {  # before (cache off) -> after (cache on), as the README's tables read
-            "no-prefix-cache": {"enable_prefix_caching": False},
-            "prefix-cache": {"enable_prefix_caching": True},
+        {
+            "serial-miss-prefill": {
+                "enable_prefix_caching": True,
+                "prefill_max_seqs": 1,
+                "loop_order": "prefill-priority",
+            },
+            "batched-prefill": {"enable_prefix_caching": True},
         },
     ),
     "004-prefix-shared": SeedExperiment(

@@ -4,7 +4,8 @@ Vidur (Microsoft's LLM-inference simulator, PyPI package ``vidur``) is run from
 its own virtual environment (``--vidur-python``) as a subprocess; rose-sim runs
 from this repository's. Both replay the same trace, in the same script run so
 that they share the machine's load: by default the whole Azure conv 2023 trace
-(19,366 requests, ``../shared/traces``), or its first ``--num-requests``.
+(19,366 requests, ``azure-conv-2023``, fetched and cached on first use), or its
+first ``--num-requests``.
 
 The two configs, as close as the simulators allow:
 
@@ -78,8 +79,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from roseinfer import workloads
+
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_TRACE = ROOT.parent / "shared/traces/AzureLLMInferenceTrace_conv.csv"
+TRACE = "azure-conv-2023"
 ROSE_SIM = Path(sys.executable).with_name("rose-sim")
 ROSE_MODEL = "llama-3.1-8b"
 VIDUR_MODEL = "meta-llama/Llama-3-8B"
@@ -180,7 +183,7 @@ def roofline_profiles(device_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """
     sys.path.insert(0, str(ROOT))
     from roseinfer.calibration.specs import get_device_spec
-    from roseinfer.simulator.cli import load_model_spec
+    from roseinfer.simulator.setup import load_model_spec
 
     m, d = load_model_spec(ROSE_MODEL), get_device_spec(device_name)
     flops_s, bytes_s, dt = d.achievable_flops, d.achievable_bandwidth, m.dtype_bytes
@@ -410,7 +413,7 @@ def main() -> None:
         action="store_true",
         help="time Vidur on profiling tables made from rose-sim's roofline",
     )
-    parser.add_argument("--trace", type=Path, default=SHARED_TRACE)
+    parser.add_argument("--trace", default=TRACE, help="a trace file or a public trace name")
     parser.add_argument("--num-requests", type=int, help="replay only the first N requests")
     parser.add_argument("--device", choices=sorted(DEVICES), default="a100-80gb")
     parser.add_argument("--max-num-seqs", type=int, default=128, help="batch cap, both")
@@ -438,8 +441,12 @@ def main() -> None:
     if args.vidur_data is None and not args.synthetic_profile:
         print(NO_DATA.format(version=version))
         return
+    try:
+        args.trace = workloads.resolve_trace(args.trace)
+    except workloads.WorkloadError as err:
+        raise SystemExit(f"vidur_compare.py: error: {err}") from None
     if not args.trace.is_file():
-        raise SystemExit(f"no trace at {args.trace}")
+        raise SystemExit(f"vidur_compare.py: error: no trace at {args.trace}")
 
     vidur_device, network = DEVICES[args.device]
     tmp = Path(tempfile.mkdtemp(prefix="vidur_compare_"))

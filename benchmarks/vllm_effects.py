@@ -1,4 +1,4 @@
-"""Policy effects in vLLM, side by side with what rose-sim predicted (issue 15, item 4).
+"""Policy effects in vLLM, side by side with what rose-sim predicted.
 
 vLLM's CPU build serves GPT-2 (124M shape, random weights, token-id prompts)
 through ``--scheduler-cls roseinfer.integrations.vllm.Scheduler``; the requests

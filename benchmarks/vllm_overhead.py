@@ -1,4 +1,4 @@
-"""What the roseinfer scheduler class costs inside vLLM (issue 15's overhead targets).
+"""What the roseinfer scheduler class costs inside vLLM (against its overhead targets).
 
 1. Throughput on W2-32 (32 requests at t=0, prompts 992, 4, 4, 4 tokens repeated,
    32 output tokens each; GPT-2 124M shape, random weights, float32, vLLM's CPU

@@ -35,6 +35,7 @@ __all__ = [
     "StepTotals",
     "CostModel",
     "RooflineCostModel",
+    "cost_model_source",
     "loop_decode_run_times_s",
     "make_cost_model",
 ]
@@ -95,13 +96,6 @@ class BatchShape:
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (new, context, decode)
         self._source: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._totals: StepTotals | None = None
-
-    @classmethod
-    def trusted(cls, new: np.ndarray, context: np.ndarray, decode: np.ndarray) -> BatchShape:
-        """A shape from int64 arrays already known valid, without the checks."""
-        shape = cls.__new__(cls)
-        shape._arrays, shape._source, shape._totals = (new, context, decode), None, None
-        return shape
 
     @classmethod
     def lazy(
@@ -181,6 +175,9 @@ class CostModel(Protocol):
 
     Attributes:
         name: short identifier of the model kind (``"roofline"``, ``"profiled"``).
+
+    A cost model may also have a ``source`` attribute: one line saying what its
+    numbers stand on (read it with :func:`cost_model_source`).
     """
 
     name: str
@@ -202,6 +199,15 @@ class CostModel(Protocol):
     def describe(self) -> str:
         """One line naming the model and its parameters, for run reports."""
         ...
+
+
+def cost_model_source(cost_model: CostModel) -> str:
+    """What ``cost_model``'s numbers stand on, in one line: its ``source`` (e.g.
+    ``roofline h100-sxm, datasheet (unmeasured)``, ``profile FILE``, ``step log
+    FILE (N steps)``, ``calibrated roofline from FILE``), or, for a cost model
+    without one, its kind with ``source unstated``."""
+    source = getattr(cost_model, "source", None)
+    return str(source) if source else f"{cost_model.name} (source unstated)"
 
 
 def loop_decode_run_times_s(
@@ -335,6 +341,18 @@ class RooflineCostModel:
             per_token += (pp - 1) * token_bytes / link.bandwidth
         return fixed, per_token
 
+    def pricing_terms(self) -> tuple[float, ...]:
+        """The ten floats of one step's time, for a compiled pricing loop (the
+        simulator's) that evaluates :meth:`_time_s`'s expression with them, in its
+        order, bit for bit: FLOPs per token, per sequence and per attention pair,
+        achievable FLOP/s, weight bytes, KV bytes per token, achievable B/s,
+        overhead (s), communication s per step and s per token."""
+        return (
+            self._flops_per_token, self._flops_per_seq, self._flops_per_attn_pair,
+            self._achievable_flops, self._weight_bytes, self._kv_bytes_per_token,
+            self._achievable_bandwidth, self._overhead_s, self._comm_s, self._comm_s_per_token,
+        )  # fmt: skip
+
     def flops(self, shape: BatchShape) -> float:
         """Per-device FLOPs of one iteration."""
         num_tokens, num_seqs, attn_pairs, _ = self._aggregates(shape)
@@ -385,6 +403,12 @@ class RooflineCostModel:
             )
         sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + total
         return np.asarray(self._time_s(num_seqs, num_seqs, sum_context, sum_context))
+
+    @property
+    def source(self) -> str:
+        """``roofline h100-sxm, datasheet (unmeasured)``: the device spec and what its
+        efficiency constants stand on."""
+        return f"roofline {self.device.name}, {self.device.provenance_label}"
 
     def describe(self) -> str:
         """One line: model, dtype, device, parallelism, achievable peaks, overhead."""

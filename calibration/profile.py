@@ -79,15 +79,18 @@ from roseinfer.calibration.step_model import (
     ProfiledCostModel,
     ProfileError,
     ProfileSample,
+    SampleRange,
     StepFit,
     StepModel,
     fit_step_model,
     shape_aggregates,
 )
 from roseinfer.calibration.steplog import (
+    STEP_LOG_SCHEMA,
     StepLogError,
     StepLogFile,
     StepRecord,
+    first_line_schema,
     is_step_log,
     load_step_log,
 )
@@ -156,6 +159,7 @@ class Profile:
     roofline: CalibratedRoofline | None
     overhead_samples: list[OverheadSample] = dataclasses.field(default_factory=list)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    path: str | None = None  # the file it was read from (not stored in it)
 
     @classmethod
     def create(
@@ -199,6 +203,23 @@ class Profile:
         threads = f" ({env['num_threads']} threads)" if env.get("num_threads") else ""
         return f"{self.model_name} {ex.get('dtype', '')} on {ex.get('device', '?')}{threads}"
 
+    @property
+    def source(self) -> str:
+        """What it was calibrated from: ``profile FILE``, ``step log FILE (N steps)``,
+        ``profile A + step logs B, C (N steps)``, or ``unsaved profile of LABEL``."""
+        sources = self.extra.get("sources")
+        if not sources:
+            return f"profile {self.path}" if self.path else f"unsaved profile of {self.label}"
+        kinds: dict[str, list[str]] = {}
+        for src in sources:
+            kinds.setdefault(str(src.get("kind")), []).append(str(src.get("path")))
+        parts = [
+            f"{kind}{'s' if len(paths) > 1 else ''} {', '.join(paths)}"
+            for kind, paths in kinds.items()
+        ]
+        steps = self.extra.get("num_logged_steps")
+        return " + ".join(parts) + (f" ({steps} steps)" if steps else "")
+
     def same_shape(self, model: ModelSpec) -> bool:
         """True when ``model`` computes what the profiled model computes (names aside)."""
         if self.model_spec is None:
@@ -217,13 +238,17 @@ class Profile:
         """
         if model is None or self.same_shape(model):
             held_out = self.step_fit.held_out.get(self.step_fit.model.name)
-            return ProfiledCostModel(self.step_fit.model, self.label, held_out)
+            error = f", held-out median step error {held_out.median:.1%}" if held_out else ""
+            return ProfiledCostModel(
+                self.step_fit.model, self.label, held_out, source=self.source + error,
+                sample_range=SampleRange.of(self.samples),
+            )  # fmt: skip
         if self.roofline is None or self.model_spec is None:
             raise ProfileError(
                 f"{self.label} recorded no model shape, so it prices only its own model; "
                 "drop --model (or calibrate from a rose-run profile or step log)"
             )
-        return self.roofline.cost_model(model)
+        return self.roofline.cost_model(model, f"calibrated roofline from {self.source}")
 
     def scheduler_defaults(
         self,
@@ -238,8 +263,20 @@ class Profile:
         CPU, the free share on CUDA) over the KV bytes of a block, capped at
         ``max_num_seqs`` requests of ``max_model_len``. On a GPU another model's
         weights change what is free: pass ``--num-kv-blocks`` there.
+
+        Raises:
+            ProfileError: when the source records no executor ``block_size``,
+                ``num_kv_blocks`` or ``max_model_len`` (an engine's header without
+                them), or cannot resize its pool for another model or block size.
         """
         ex = self.executor
+        missing = [k for k in ("block_size", "num_kv_blocks", "max_model_len") if k not in ex]
+        if missing:
+            raise ProfileError(
+                f"{self.source} records no executor {', '.join(missing)} (the KV pool and "
+                "lengths rose-sim takes as its defaults); record the run with --save-steps "
+                "(or ROSEINFER_STEP_LOG in vLLM), whose header holds them"
+            )
         same_model = model is None or self.same_shape(model)
         block_size = block_size or int(ex["block_size"])
         spec = model if model is not None else self.model_spec
@@ -395,15 +432,30 @@ def load_profile(path: str | Path) -> Profile:
     Raises:
         ProfileError: if the file is missing, not JSON, or not a profile.
     """
+    if Path(path).exists() and not Path(path).is_file():  # /dev/zero: read until memory runs out
+        raise ProfileError(
+            f"{path}: not a file; give a profile (rose-run profile --output) or a step log"
+        )
     try:
         doc = json.loads(Path(path).read_text())
     except OSError as err:
         raise ProfileError(f"cannot read profile {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path} is not a text file; give a profile or a step log") from None
     except json.JSONDecodeError as err:
+        schema = first_line_schema(path)
+        if schema is not None:  # JSON lines whose header names another schema
+            raise ProfileError(
+                f"{path} is JSON lines of schema {schema[:60]!r}, neither a roseinfer profile "
+                f"({PROFILE_SCHEMA!r}) nor a step log ({STEP_LOG_SCHEMA!r}); re-record it "
+                "with this roseinfer (--save-steps, rose-run profile)"
+            ) from None
         raise ProfileError(f"profile {path} is not JSON ({err})") from None
+    except RecursionError:
+        raise ProfileError(f"profile {path} nests JSON too deep to read; it is damaged") from None
     if not isinstance(doc, dict):
         raise ProfileError(f"profile {path} is not a JSON object")
-    return Profile.from_json(doc)
+    return dataclasses.replace(Profile.from_json(doc), path=str(path))
 
 
 def step_samples(log: StepLogFile | Sequence[StepRecord]) -> list[ProfileSample]:
@@ -422,8 +474,10 @@ def cost_model_from_steps(
     Raises:
         ProfileError: with fewer than 10 steps.
     """
-    fit = fit_step_model(step_samples(records), seed)
-    return ProfiledCostModel(fit.model, label, fit.held_out.get(fit.model.name))
+    samples = step_samples(records)
+    fit = fit_step_model(samples, seed)
+    held_out = fit.held_out.get(fit.model.name)
+    return ProfiledCostModel(fit.model, label, held_out, sample_range=SampleRange.of(samples))
 
 
 def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:

@@ -75,6 +75,12 @@ class ReplayCostModel:
             dtype=np.float64,
         )
 
+    @property
+    def source(self) -> str:
+        """``replay of N measured steps, else SOURCE`` (the fallback's source)."""
+        fallback = getattr(self.fallback, "source", None) or self.fallback.name
+        return f"replay of {len(self.steps)} measured steps, else {fallback}"
+
     def describe(self) -> str:
         """One line: how many steps agreed with the real run."""
         where = (

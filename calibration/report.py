@@ -207,7 +207,7 @@ def fidelity_table(
         sim: combination -> simulator output.
         real: combination -> one or more real outputs (same keys as ``sim``).
         targets: metric -> allowed |relative error| (default: 5% at p50, 10%
-            otherwise, the fidelity issue's targets).
+            otherwise, the fidelity targets).
         num_resamples: bootstrap resamples (0: no CI).
 
     Returns:
@@ -236,7 +236,7 @@ def fidelity_table(
 
 
 def default_target(metric: str) -> float:
-    """The fidelity issue's targets: |error| <= 5% at p50 and for throughput, 10% otherwise."""
+    """The fidelity targets: |error| <= 5% at p50 and for throughput, 10% otherwise."""
     return 0.05 if metric.startswith("p50_") or metric == "output_throughput" else 0.10
 
 

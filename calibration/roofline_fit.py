@@ -11,6 +11,7 @@ architecture family at two depths), so a profile of one model prices
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
-from roseinfer.calibration.specs import DeviceSpec, ModelSpec
+from roseinfer.calibration.specs import DeviceSpec, Measurement, ModelSpec, Provenance
 from roseinfer.calibration.step_model import (
     HeldOutError,
     ProfileError,
@@ -145,7 +146,8 @@ class CalibratedRooflineCostModel:
     Args:
         model: the shape to price; device: achieved rates (its ``overhead_s``
             is ignored); overhead: the fitted overhead model of the model's
-            architecture family; combine: ``max`` or ``sum``.
+            architecture family; combine: ``max`` or ``sum``; source: what the
+            rates stand on (``calibrated roofline from FILE``).
 
     Raises:
         ValueError: on another ``combine``.
@@ -154,11 +156,17 @@ class CalibratedRooflineCostModel:
     name = "calibrated-roofline"
 
     def __init__(
-        self, model: ModelSpec, device: DeviceSpec, overhead: OverheadModel, combine: str = "max"
+        self,
+        model: ModelSpec,
+        device: DeviceSpec,
+        overhead: OverheadModel,
+        combine: str = "max",
+        source: str = "calibrated roofline",
     ) -> None:
         if combine not in COMBINES:
             raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
         self.model, self.device, self.overhead, self.combine = model, device, overhead, combine
+        self.source = source
         free = dataclasses.replace(device, overhead_s=0.0)
         if combine == "max":
             self._terms = [RooflineCostModel(model, free)]
@@ -234,10 +242,13 @@ class CalibratedRoofline:
         default = self.overheads.get(self.profiled_family, OverheadModel())
         return self.overheads.get(family_of(model), default)
 
-    def cost_model(self, model: ModelSpec) -> CalibratedRooflineCostModel:
-        """The calibrated roofline of ``model`` on this device."""
+    def cost_model(
+        self, model: ModelSpec, source: str = "calibrated roofline"
+    ) -> CalibratedRooflineCostModel:
+        """The calibrated roofline of ``model`` on this device (``source``: what it
+        was calibrated from)."""
         return CalibratedRooflineCostModel(
-            model, self.device, self.overhead_of(model), self.combine
+            model, self.device, self.overhead_of(model), self.combine, source
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -259,8 +270,12 @@ class CalibratedRoofline:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> CalibratedRoofline:
         """The inverse of :meth:`to_json`."""
+        device = dict(doc["device"])
+        if device.get("provenance") is not None:
+            prov = dict(device["provenance"])
+            device["provenance"] = Provenance(**{**prov, "models": tuple(prov.get("models", ()))})
         return cls(
-            DeviceSpec(**doc["device"]),
+            DeviceSpec(**device),
             {k: OverheadModel(**v) for k, v in doc["overheads"].items()},
             str(doc["combine"]),
             HeldOutError(**doc["held_out"]),
@@ -287,15 +302,19 @@ def _fit_rates(
     overhead_s: np.ndarray,
     combine: str,
     fit_intercept: bool,
+    *,
+    refine: bool = False,
 ) -> tuple[float, float, float]:
     """``(s per FLOP, s per byte, extra s per step)`` minimizing squared relative
     error of ``combine(flops * a, bytes * b) + overhead (+ intercept)``.
 
     ``sum`` is one non-negative least squares. For ``max`` and a fixed ridge
     ``r = b / a`` the model is linear in ``a`` (and the intercept), so each ridge
-    of :data:`RIDGE_GRID` is one non-negative least squares; the best ridge wins.
+    of :data:`RIDGE_GRID` is one non-negative least squares; the best ridge wins,
+    and with ``refine`` it is then searched between its grid neighbours (bounded
+    scalar minimization on log ridge), which recovers the rates of exact data.
     """
-    from scipy.optimize import nnls
+    from scipy.optimize import minimize_scalar, nnls
 
     rest = (targets_s - overhead_s) / targets_s
     ones = [np.ones(len(targets_s))] if fit_intercept else []
@@ -304,16 +323,27 @@ def _fit_rates(
         design = np.column_stack([*(terms / scale).T, *ones]) / targets_s[:, None]
         coef, _ = nnls(design, rest)
         return coef[0] / scale[0], coef[1] / scale[1], float(coef[2]) if fit_intercept else 0.0
-    best: tuple[float, float, float, float] | None = None
-    for ridge in RIDGE_GRID:
+
+    def at(ridge: float) -> tuple[float, float, float, float]:
         work = np.maximum(terms[:, 0], terms[:, 1] * ridge)
         design = np.column_stack([work / work.max(), *ones]) / targets_s[:, None]
         coef, residual = nnls(design, rest)
-        if best is None or residual < best[0]:
-            a = coef[0] / work.max()
-            best = (residual, a, a * ridge, float(coef[1]) if fit_intercept else 0.0)
-    assert best is not None
-    return best[1], best[2], best[3]
+        a = coef[0] / work.max()
+        return residual, a, a * ridge, float(coef[1]) if fit_intercept else 0.0
+
+    fits = [at(ridge) for ridge in RIDGE_GRID]
+    best = min(range(len(fits)), key=lambda i: fits[i][0])
+    if refine:
+        low, high = (
+            np.log(RIDGE_GRID[max(0, best - 1)]),
+            np.log(RIDGE_GRID[min(best + 1, len(RIDGE_GRID) - 1)]),
+        )
+        found = minimize_scalar(lambda x: at(float(np.exp(x)))[0], bounds=(low, high),
+                                method="bounded", options={"xatol": 1e-6})  # fmt: skip
+        refined = at(float(np.exp(found.x)))
+        if refined[0] <= fits[best][0]:
+            return refined[1:]
+    return fits[best][1:]
 
 
 def _predict_rates(
@@ -399,3 +429,156 @@ def _device_spec(
         overhead_s=overhead_s,
         dtype_bytes=base.dtype_bytes if base else 4,
     )
+
+
+# --------------------------------------------------- a built-in device, measured
+
+ModelSteps = tuple[ModelSpec, Sequence[ProfileSample]]
+"""Measured steps of one model shape (its ``dtype_bytes`` = the run's dtype)."""
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    """A built-in device's roofline constants fitted to measured steps of several
+    model shapes (:func:`fit_device_constants`).
+
+    Attributes:
+        device: the datasheet spec with the fitted ``mfu``,
+            ``bandwidth_efficiency`` and ``overhead_s`` (peaks unchanged).
+        held_out: the plain roofline's error on a random 20% of the pooled
+            steps, fitted on the other 80%.
+        per_model: the final fit's error on each fitted model's steps.
+        checks: its error on each check model's steps (shapes not fitted).
+        num_steps: steps fitted.
+        clamped: constants the fit put above 1 and that were held at 1 (no
+            step was bound by that term, so the data do not pin it down).
+    """
+
+    device: DeviceSpec
+    held_out: HeldOutError
+    per_model: dict[str, HeldOutError]
+    checks: dict[str, HeldOutError]
+    num_steps: int
+    clamped: tuple[str, ...] = ()
+
+    def measurement(self, **facts: Any) -> Measurement:
+        """The :class:`~roseinfer.calibration.specs.Measurement` to record in
+        ``specs.py``. ``facts``: :class:`~roseinfer.calibration.specs.Provenance`
+        fields (``source``, ``gpu``, ``driver``, ``torch``, ``date``, ``command``).
+        """
+        check = next(iter(self.checks.items()), None)
+        provenance = Provenance(
+            kind="measured", models=tuple(self.per_model), num_steps=self.num_steps,
+            median_step_error=round(self.held_out.median, 4),
+            p90_step_error=round(self.held_out.p90, 4),
+            check_model=check[0] if check else "",
+            check_median_step_error=round(check[1].median, 4) if check else None, **facts,
+        )  # fmt: skip
+        d = self.device
+        return Measurement(
+            mfu=round(d.mfu, 4), bandwidth_efficiency=round(d.bandwidth_efficiency, 4),
+            overhead_s=round(d.overhead_s, 7), provenance=provenance,
+        )  # fmt: skip
+
+
+def fit_device_constants(
+    base: DeviceSpec,
+    fitted: Sequence[ModelSteps],
+    checks: Sequence[ModelSteps] = (),
+    seed: int = 0,
+) -> DeviceFit:
+    """Fit the plain roofline's ``mfu``, ``bandwidth_efficiency`` and ``overhead_s``
+    of ``base`` to measured steps of the ``fitted`` model shapes.
+
+    The roofline ``max(FLOPs / (peak x mfu), bytes / (bandwidth x efficiency)) +
+    overhead`` (:class:`~roseinfer.calibration.cost_model.RooflineCostModel`, what
+    ``rose-sim --hardware`` prices with) is fitted by minimizing the squared
+    relative error over every step of every shape (:func:`_fit_rates`, ``max``
+    with a per-step intercept). Two shapes of different widths keep the per-step
+    overhead apart from streaming one model's weights (the same bytes every step
+    of one model). ``checks`` are shapes left out, priced with the result.
+
+    Args:
+        base: the datasheet spec (its peaks stay).
+        fitted: ``(model, steps)`` per fitted shape; steps' ``target_s`` is what
+            a step costs (a profile's median plus host time, or a logged duration).
+        checks: ``(model, steps)`` per shape to check.
+        seed: the held-out split.
+
+    Raises:
+        ProfileError: with fewer than 10 steps.
+    """
+    samples = [s for _, steps in fitted for s in steps]
+    if len(samples) < 10:
+        raise ProfileError(f"a device fit needs >= 10 measured steps, got {len(samples)}")
+    terms = np.vstack([_roofline_terms(model, steps) for model, steps in fitted if steps])
+    targets = np.array([s.target_s for s in samples])
+    zero = np.zeros(len(samples))
+    train, test = _split(len(samples), seed)
+    rates = _fit_rates(terms[train], targets[train], zero[train], "max", True, refine=True)
+    held_out = HeldOutError.of(_predict_rates(terms[test], rates, "max"), targets[test])
+    device, clamped = _efficiencies(
+        base, *_fit_rates(terms, targets, zero, "max", True, refine=True)
+    )
+    return DeviceFit(
+        device, held_out, {m.name: _roofline_error(m, device, s) for m, s in fitted},
+        {m.name: _roofline_error(m, device, s) for m, s in checks}, len(samples), clamped,
+    )  # fmt: skip
+
+
+def _efficiencies(
+    base: DeviceSpec, s_per_flop: float, s_per_byte: float, overhead_s: float
+) -> tuple[DeviceSpec, tuple[str, ...]]:
+    """``base`` reaching ``1 / s_per_flop`` FLOP/s and ``1 / s_per_byte`` B/s, as
+    fractions of its peaks held at 1 (the names of those held)."""
+    mfu = 1.0 / (s_per_flop * base.peak_flops) if s_per_flop > 0 else math.inf
+    bandwidth = 1.0 / (s_per_byte * base.mem_bandwidth) if s_per_byte > 0 else math.inf
+    clamped = tuple(n for n, v in (("mfu", mfu), ("bandwidth_efficiency", bandwidth)) if v > 1)
+    device = dataclasses.replace(
+        base, mfu=float(min(mfu, 1.0)), bandwidth_efficiency=float(min(bandwidth, 1.0)),
+        overhead_s=float(max(overhead_s, 0.0)), provenance=None,
+    )  # fmt: skip
+    return device, clamped
+
+
+def _roofline_error(
+    model: ModelSpec, device: DeviceSpec, steps: Sequence[ProfileSample]
+) -> HeldOutError:
+    """The plain roofline of ``model`` on ``device`` against measured ``steps``."""
+    cost = RooflineCostModel(model, device)
+    predicted = np.array([cost.step_time_s(s.shape) for s in steps])
+    return HeldOutError.of(predicted, np.array([s.target_s for s in steps]))
+
+
+MEASURED_BEGIN, MEASURED_END = "# BEGIN MEASURED", "# END MEASURED"
+
+
+def measured_source(entries: Mapping[str, Measurement]) -> str:
+    """The ``MEASURED = {...}`` assignment of ``calibration/specs.py`` holding
+    ``entries`` (device name -> measurement), as Python source that evaluates
+    back to equal :class:`~roseinfer.calibration.specs.Measurement` s."""
+    lines = ["MEASURED: dict[str, Measurement] = {"]
+    for name, m in sorted(entries.items()):
+        lines += [f"    {name!r}: Measurement(", f"        mfu={m.mfu!r},",
+                  f"        bandwidth_efficiency={m.bandwidth_efficiency!r},",
+                  f"        overhead_s={m.overhead_s!r},", "        provenance=Provenance("]  # fmt: skip
+        for field in dataclasses.fields(Provenance):
+            value = getattr(m.provenance, field.name)
+            if value != field.default:
+                lines.append(f"            {field.name}={value!r},")
+        lines += ["        ),", "    ),"]
+    return "\n".join([*lines, "}"]) if entries else "MEASURED: dict[str, Measurement] = {}"
+
+
+def replace_measured_block(specs_text: str, entries: Mapping[str, Measurement]) -> str:
+    """``specs_text`` (the source of ``calibration/specs.py``) with the lines between
+    :data:`MEASURED_BEGIN` and :data:`MEASURED_END` replaced by ``entries``.
+
+    Raises:
+        ValueError: if the markers are missing or out of order.
+    """
+    begin, end = specs_text.find(MEASURED_BEGIN), specs_text.find(MEASURED_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"no {MEASURED_BEGIN} ... {MEASURED_END} block in the specs source")
+    head = specs_text[: begin + len(MEASURED_BEGIN)]
+    return f"{head}\n{measured_source(entries)}\n{specs_text[end:]}"

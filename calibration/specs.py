@@ -6,28 +6,37 @@ datasheet peaks plus the fractions of them a serving engine reaches in
 practice. Both are frozen and validated on construction.
 
 Built-ins are looked up by lowercase name or alias with :func:`get_model_spec`
-and :func:`get_device_spec`; :func:`model_spec_from_hf_config` reads any GPT-2
-or Llama-family (Llama, Qwen2, Mistral) ``config.json`` dict.
+and :func:`get_device_spec`; :meth:`ModelSpec.from_hf_config` reads any GPT-2
+or Llama-family (Llama, Qwen2, Mistral) transformers config, as a ``config.json``
+dict or a loaded config object: the one reading of a config, so the simulator and
+the executor size KV (:attr:`ModelSpec.kv_bytes_per_token`) alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DATASHEET_DEVICES",
     "DEVICES",
     "LINKS",
     "MODELS",
     "DeviceSpec",
+    "MEASURED",
+    "PROVENANCE_KINDS",
     "LinkSpec",
+    "Measurement",
     "ModelSpec",
+    "Provenance",
     "UnknownSpecError",
     "get_device_spec",
     "get_link_spec",
     "get_model_spec",
     "model_spec_from_hf_config",
+    "summarize_devices",
 ]
 
 GB = 10**9  # datasheets quote decimal gigabytes
@@ -103,6 +112,38 @@ class ModelSpec:
     dtype_bytes: int = 2
     learned_position_embeddings: bool = False
 
+    @classmethod
+    def from_hf_config(
+        cls, config: object, *, name: str | None = None, dtype_bytes: int | None = None
+    ) -> ModelSpec:
+        """The spec of a transformers config (see :func:`model_spec_from_hf_config`
+        for the keys read).
+
+        Args:
+            config: a ``config.json`` dict, or a transformers ``PretrainedConfig``
+                (anything with ``to_dict()``).
+            name: display name (default: the config's ``_name_or_path`` or type).
+            dtype_bytes: bytes per weight/KV element at the run's dtype (default:
+                the config's ``torch_dtype``, 2 when absent), e.g. 4 for an fp32
+                run of a bf16 checkpoint.
+
+        Raises:
+            KeyError: if a required key is missing.
+            ValueError: if ``config`` is neither a mapping nor a config object, or
+                its values do not make a valid spec.
+        """
+        if not isinstance(config, Mapping):
+            to_dict = getattr(config, "to_dict", None)
+            if not callable(to_dict):
+                kind = type(config).__name__
+                raise ValueError(f"a model config is a JSON object or a config, got {kind}")
+            config = to_dict()
+        spec = model_spec_from_hf_config(config)  # type: ignore[arg-type]
+        changes: dict[str, Any] = {"name": name} if name else {}
+        if dtype_bytes is not None:
+            changes["dtype_bytes"] = dtype_bytes
+        return dataclasses.replace(spec, **changes) if changes else spec
+
     def __post_init__(self) -> None:
         _check_positive(self, _MODEL_INT_FIELDS)
         if self.num_attention_heads % self.num_kv_heads:
@@ -162,7 +203,8 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes per token: K and V for every layer and KV head."""
+        """KV-cache bytes per token: K and V for every layer and KV head, at
+        ``dtype_bytes`` (``2 * num_layers * num_kv_heads * head_dim * dtype_bytes``)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
@@ -195,6 +237,8 @@ class DeviceSpec:
             device (2 = bf16 on GPUs; the cpu spec assumes fp32, 4).
         link: name of the link between the GPUs of one server (a :data:`LINKS`
             key), which tensor- and pipeline-parallel collectives cross; "" for none.
+        provenance: where the numbers come from (a datasheet, an assumption, or
+            a measurement on the device); None when unstated (a user's spec).
     """
 
     name: str
@@ -206,6 +250,7 @@ class DeviceSpec:
     overhead_s: float
     dtype_bytes: int = 2
     link: str = ""
+    provenance: Provenance | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
@@ -226,9 +271,101 @@ class DeviceSpec:
         return self.mem_bandwidth * self.bandwidth_efficiency
 
     @property
+    def provenance_label(self) -> str:
+        """``datasheet (unmeasured)``, ``measured 2026-11 on ..., median step error
+        4.1%`` ...: what the efficiency constants stand on (``unstated`` without a
+        provenance)."""
+        return self.provenance.label() if self.provenance is not None else "unstated"
+
+    @property
     def ridge_intensity(self) -> float:
         """FLOPs per byte above which a step is compute-bound (the roofline ridge)."""
         return self.achievable_flops / self.achievable_bandwidth
+
+
+PROVENANCE_KINDS = ("datasheet", "assumed", "measured")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """What a device spec's numbers stand on.
+
+    Attributes:
+        kind: ``datasheet`` (vendor peaks; efficiency constants assumed, not
+            measured), ``assumed`` (no datasheet: an estimate) or ``measured``
+            (efficiency constants fitted to steps timed on the device).
+        source: the datasheet and the assumptions, or the files the fit read.
+        gpu, driver, torch: the measured device and software (``measured``).
+        date: when it was measured, ISO ``YYYY-MM-DD``.
+        command: the command that measured and fitted it.
+        models: the model shapes whose steps were fitted.
+        num_steps: steps fitted.
+        median_step_error, p90_step_error: relative error of the fitted roofline
+            on held-out measured steps of the fitted shapes (0.05 = 5%).
+        check_model: a shape left out of the fit; check_median_step_error: the
+            fitted roofline's median relative error on its steps.
+
+    Raises:
+        ValueError: on another kind, or a measurement without its device, date,
+            command or error.
+    """
+
+    kind: str
+    source: str
+    gpu: str = ""
+    driver: str = ""
+    torch: str = ""
+    date: str = ""
+    command: str = ""
+    models: tuple[str, ...] = ()
+    num_steps: int = 0
+    median_step_error: float | None = None
+    p90_step_error: float | None = None
+    check_model: str = ""
+    check_median_step_error: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROVENANCE_KINDS:
+            raise ValueError(
+                f"Provenance.kind must be one of {PROVENANCE_KINDS}, got {self.kind!r}"
+            )
+        if self.kind == "measured" and not (
+            self.gpu and self.date and self.command and self.median_step_error is not None
+        ):
+            raise ValueError("a measured Provenance needs gpu, date, command and median_step_error")
+
+    def label(self) -> str:
+        """One phrase: ``datasheet (unmeasured)``, ``assumed (unmeasured)`` or
+        ``measured 2026-11 on NVIDIA H100 80GB HBM3, median step error 4.1%``."""
+        if self.kind != "measured":
+            return f"{self.kind} (unmeasured)"
+        return (
+            f"measured {self.date[:7]} on {self.gpu}, median step error "
+            f"{self.median_step_error:.1%}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """A built-in device's efficiency constants fitted to its measured steps
+    (``benchmarks/fit_device_spec.py``); its datasheet peaks stay.
+
+    Attributes:
+        mfu, bandwidth_efficiency, overhead_s: as :class:`DeviceSpec`'s.
+        provenance: the measurement (kind ``measured``).
+    """
+
+    mfu: float
+    bandwidth_efficiency: float
+    overhead_s: float
+    provenance: Provenance
+
+    def apply(self, datasheet: DeviceSpec) -> DeviceSpec:
+        """``datasheet`` with these constants and this provenance."""
+        return dataclasses.replace(
+            datasheet, mfu=self.mfu, bandwidth_efficiency=self.bandwidth_efficiency,
+            overhead_s=self.overhead_s, provenance=self.provenance,
+        )  # fmt: skip
 
 
 # --- models ------------------------------------------------------------------
@@ -345,6 +482,23 @@ MODELS: dict[str, ModelSpec] = {
 _GPU_MFU = 0.6
 _GPU_BANDWIDTH_EFFICIENCY = 0.8
 _GPU_OVERHEAD_S = 1e-3
+_GPU_ASSUMED = "efficiency constants assumed (mfu 0.6, bandwidth 0.8, overhead 1 ms)"
+
+# Measured efficiency constants, by built-in device name. The block between the
+# markers is written by `python benchmarks/fit_device_spec.py ... --write-specs`
+# from steps timed on the device (rerun it rather than editing by hand). A device
+# listed here keeps its datasheet peaks below and takes these constants; the
+# others keep the datasheet's assumed ones. Empty: no device measured yet.
+# BEGIN MEASURED
+MEASURED: dict[str, Measurement] = {}
+# END MEASURED
+
+
+def _measured(datasheet: DeviceSpec) -> DeviceSpec:
+    """``datasheet`` with its :data:`MEASURED` constants when it has them."""
+    found = MEASURED.get(datasheet.name)
+    return datasheet if found is None else found.apply(datasheet)
+
 
 # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 tensor 312
 # TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB.
@@ -357,6 +511,10 @@ _A100_80GB = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink3",
+    provenance=Provenance(
+        kind="datasheet",
+        source=f"NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM); {_GPU_ASSUMED}",
+    ),
 )
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 tensor 1,979 TFLOPS
 # with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB.
@@ -369,6 +527,10 @@ _H100_SXM = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink4",
+    provenance=Provenance(
+        kind="datasheet",
+        source=f"NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); {_GPU_ASSUMED}",
+    ),
 )
 # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute as H100 SXM
 # (989 TFLOPS BF16 dense), HBM3e 4.8 TB/s, 141 GB.
@@ -381,6 +543,10 @@ _H200 = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink4",
+    provenance=Provenance(
+        kind="datasheet",
+        source=f"NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); {_GPU_ASSUMED}",
+    ),
 )
 # A generic small server CPU (about 2 cores) running PyTorch in fp32; an
 # assumption, not a datasheet, good to an order of magnitude only:
@@ -398,18 +564,42 @@ _CPU = DeviceSpec(
     bandwidth_efficiency=0.7,
     overhead_s=2e-3,
     dtype_bytes=4,
+    provenance=Provenance(kind="assumed", source="a generic 2-core server CPU, fp32 (above)"),
 )
 
-DEVICES: dict[str, DeviceSpec] = {
-    "a100-80gb": _A100_80GB,
-    "a100": _A100_80GB,
-    "h100-sxm": _H100_SXM,
-    "h100": _H100_SXM,
-    "h200": _H200,
-    "h200-sxm": _H200,
-    "cpu": _CPU,
+DATASHEET_DEVICES: dict[str, DeviceSpec] = {
+    spec.name: spec for spec in (_A100_80GB, _H100_SXM, _H200, _CPU)
 }
-"""Built-in device specs by lowercase name, with short aliases."""
+"""The built-in devices as their datasheets (or assumptions) give them, before
+any :data:`MEASURED` constants: the base a fit starts from."""
+DEVICES: dict[str, DeviceSpec] = {
+    alias: _measured(DATASHEET_DEVICES[name])
+    for alias, name in {
+        "a100-80gb": "a100-80gb",
+        "a100": "a100-80gb",
+        "h100-sxm": "h100-sxm",
+        "h100": "h100-sxm",
+        "h200": "h200",
+        "h200-sxm": "h200",
+        "cpu": "cpu",
+    }.items()
+}
+"""Built-in device specs by lowercase name, with short aliases (measured
+constants applied where :data:`MEASURED` has them)."""
+
+
+def summarize_devices() -> str:
+    """The built-in devices and what each stands on, for ``--help``: e.g.
+    ``a100-80gb (a100): datasheet (unmeasured); ...``."""
+    aliases: dict[str, list[str]] = {}
+    for alias, spec in DEVICES.items():
+        aliases.setdefault(spec.name, []).append(alias)
+    parts = []
+    for name, names in sorted(aliases.items()):
+        other = sorted(n for n in names if n != name)
+        also = f" ({', '.join(other)})" if other else ""
+        parts.append(f"{name}{also}: {DEVICES[name].provenance_label}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -432,10 +622,6 @@ class LinkSpec:
         _check_positive(self, ("bandwidth",))
         if not self.latency_s >= 0:
             raise ValueError(f"LinkSpec.latency_s must be >= 0, got {self.latency_s}")
-
-    def transfer_s(self, num_bytes: float) -> float:
-        """Seconds to move ``num_bytes`` over the link once (latency + bytes / bandwidth)."""
-        return self.latency_s + num_bytes / self.bandwidth
 
 
 # Links. Bandwidths are per direction per GPU: the datasheet rate x an efficiency

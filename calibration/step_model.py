@@ -29,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.cost_model import BatchShape, StepTotals
+from roseinfer.metrics.schema import (
+    MAX_EXTRAPOLATION,
+    MAX_EXTRAPOLATION_AXIS,
+    STEPS_OUTSIDE_FIT_SHARE,
+)
 
 BASIS_TERMS = (
     "step",  # 1 per step: op dispatch of every layer, Python, synchronize
@@ -202,17 +207,24 @@ class LinearStepModel:
     def fit(
         cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, knots: Sequence[float]
     ) -> LinearStepModel:
-        """Non-negative least squares on relative error, fitting the *mean* step time.
+        """Non-negative least squares on relative error, fitting the *mean* step time,
+        robust to a few outlying steps.
 
         Rows are scaled by ``1 / prediction`` (iteratively reweighted, starting
         from ``1 / target``), so every step counts by its relative error whatever
         its size, and the fit converges to the expected time of a shape: a
         simulation adds step times up, so noise must average out, not pull the
         fit towards the fast repetitions (scaling by ``1 / target`` alone fits
-        low by about the spread of the noise).
+        low by about the spread of the noise). A step whose relative residual is
+        far beyond the others' spread (a pause of the machine: one 2.4 s step
+        among 20 ms ones) is down-weighted by Huber's weights
+        (:func:`huber_weights`), so its pull on the fit is bounded instead of
+        growing with its size; steps within the spread keep full weight, so the
+        fit stays the mean of ordinary noise.
 
         Source: ``scipy.optimize.nnls`` (Lawson and Hanson's active-set method);
-        iteratively reweighted least squares (Green, JRSS-B 1984).
+        iteratively reweighted least squares (Green, JRSS-B 1984); Huber's
+        M-estimator (Huber, Ann. Math. Statist. 1964) with a MAD scale.
         """
         from scipy.optimize import nnls
 
@@ -220,11 +232,13 @@ class LinearStepModel:
         scale = features.max(axis=0)
         scale[scale == 0] = 1.0  # a term absent from every sample keeps coefficient 0
         unit = features / scale
-        weights = targets_s
+        weights, robust = targets_s, np.ones(len(targets_s))
         for _ in range(IRLS_ITERATIONS):
-            solution, _ = nnls(unit / weights[:, None], targets_s / weights)
+            rows = np.sqrt(robust) / weights
+            solution, _ = nnls(unit * rows[:, None], targets_s * rows)
             predicted = unit @ solution
             weights = np.where(predicted > 0, predicted, targets_s)
+            robust = huber_weights((targets_s - weights) / weights)
         return cls(name, tuple(float(k) for k in knots), tuple((solution / scale).tolist()))
 
     def to_json(self) -> dict[str, Any]:
@@ -282,8 +296,11 @@ class InterpolatedStepModel:
         cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, fallback: LinearStepModel
     ) -> InterpolatedStepModel:
         """The interpolation of samples ``[n, len(BASIS_TERMS)]`` and their seconds:
-        one point per distinct coordinate, holding the mean of its samples."""
-        points, values = _mean_per_point(cls.coordinates(aggregates), targets_s)
+        one point per distinct coordinate, holding the mean of its samples. Gross
+        outliers against ``fallback`` (:func:`outliers`) are left out: a point's
+        mean has no other way to ignore a pause of the machine."""
+        keep = ~outliers(fallback, aggregates, targets_s)
+        points, values = _mean_per_point(cls.coordinates(aggregates[keep]), targets_s[keep])
         return cls(name, points, values, fallback)
 
     @staticmethod
@@ -312,7 +329,40 @@ class InterpolatedStepModel:
 
 StepModel = LinearStepModel | InterpolatedStepModel
 
-IRLS_ITERATIONS = 4  # reweightings of the linear fits (converged to < 0.1% on step logs)
+IRLS_ITERATIONS = 6  # reweightings of the linear fits (converged to < 0.1% on step logs)
+HUBER_K = 3.0
+"""Residuals within this many robust standard deviations keep full weight: wide, so
+ordinary step noise is averaged as a mean, and only gross outliers are damped."""
+MIN_RELATIVE_NOISE = 0.01
+"""Floor of the robust spread of relative residuals: a near-exact fit (synthetic
+samples) must not turn 1% deviations into outliers."""
+OUTLIER_SIGMAS = 10.0
+"""A sample this many robust standard deviations off the robust linear fit is left
+out of the interpolation (which has no other way to ignore it)."""
+
+
+def _robust_sigma(relative_residuals: np.ndarray) -> float:
+    """1.4826 x the median absolute deviation (a standard deviation for normal
+    noise), at least :data:`MIN_RELATIVE_NOISE`."""
+    r = relative_residuals
+    mad = float(np.median(np.abs(r - np.median(r)))) if r.size else 0.0
+    return max(1.4826 * mad, MIN_RELATIVE_NOISE)
+
+
+def huber_weights(relative_residuals: np.ndarray) -> np.ndarray:
+    """Huber's IRLS weights of residuals: 1 within ``HUBER_K`` robust standard
+    deviations, ``limit / |r|`` beyond (so an outlier pulls like one at the limit)."""
+    limit = HUBER_K * _robust_sigma(relative_residuals)
+    size = np.abs(relative_residuals)
+    return np.where(size <= limit, 1.0, limit / np.maximum(size, limit))
+
+
+def outliers(model: LinearStepModel, aggregates: np.ndarray, targets_s: np.ndarray) -> np.ndarray:
+    """Mask of the samples more than :data:`OUTLIER_SIGMAS` robust standard deviations
+    off ``model``'s prediction (relative residuals)."""
+    predicted = model.predict(aggregates)
+    rel = (targets_s - predicted) / np.where(predicted > 0, predicted, targets_s)
+    return np.abs(rel) > OUTLIER_SIGMAS * _robust_sigma(rel)
 
 
 def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -425,6 +475,90 @@ def _select(held_out: dict[str, HeldOutError]) -> str:
     return best[0]
 
 
+# ------------------------------------------------------------------ fit range
+
+RANGE_AXES = ("prefill tokens", "decode sequences", "context tokens")
+"""The axes of :meth:`InterpolatedStepModel.coordinates`, as a warning names them."""
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRange:
+    """The largest step a fit saw on each of :data:`RANGE_AXES`: prefill tokens,
+    decode sequences and context tokens attended in one step.
+
+    A step beyond it on any axis is priced by extrapolating the fitted model, which
+    can be far off (a model fitted on 32 small steps priced a queue of long ones at
+    thousands of seconds).
+    """
+
+    max_prefill_tokens: float
+    max_decode_seqs: float
+    max_context_tokens: float
+
+    @classmethod
+    def of(cls, samples: Sequence[ProfileSample]) -> SampleRange:
+        """The range of ``samples`` (at least one)."""
+        agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+        top = InterpolatedStepModel.coordinates(agg).max(axis=0)
+        return cls(float(top[0]), float(top[1]), float(top[2]))
+
+    def counter(self) -> ExtrapolationCounter:
+        """A fresh counter of one run's steps against this range."""
+        return ExtrapolationCounter(self)
+
+
+class ExtrapolationCounter:
+    """Counts the steps one run priced outside a :class:`SampleRange`, and the largest
+    factor by which a step exceeded it (a cost model stays immutable; the simulator
+    keeps one counter per run).
+
+    Args:
+        sample_range: what the cost model was fitted on.
+    """
+
+    __slots__ = ("_limits", "num_steps", "num_outside", "max_factor", "axis")
+
+    def __init__(self, sample_range: SampleRange) -> None:
+        r = sample_range
+        self._limits = (r.max_prefill_tokens, r.max_decode_seqs, r.max_context_tokens)
+        self.num_steps = 0
+        self.num_outside = 0
+        self.max_factor = 1.0
+        self.axis = ""
+
+    def observe(self, totals: StepTotals, num_steps: int = 1) -> None:
+        """Count ``num_steps`` steps starting with ``totals`` (the scheduler's
+        :class:`~roseinfer.scheduler.StepTotals`); in a multi-step decode run each
+        step's context grows by one token per sequence."""
+        decodes = totals.num_seqs - totals.num_prefills
+        prefill = totals.num_tokens - decodes
+        context = totals.prefill_context_tokens + totals.decode_context_tokens
+        growth = decodes if num_steps > 1 else 0
+        last = context + growth * (num_steps - 1)
+        max_prefill, max_decodes, max_context = self._limits
+        self.num_steps += num_steps
+        if prefill <= max_prefill and decodes <= max_decodes and last <= max_context:
+            return
+        if prefill > max_prefill or decodes > max_decodes or context > max_context:
+            self.num_outside += num_steps
+        else:  # the run crosses the context limit part-way
+            self.num_outside += num_steps - int((max_context - context) // growth) - 1
+        for value, limit, axis in zip((prefill, decodes, last), self._limits, RANGE_AXES):
+            factor = value / max(limit, 1.0)
+            if factor > self.max_factor:
+                self.max_factor, self.axis = factor, axis
+
+    def facts(self) -> dict[str, Any]:
+        """The run's figures under the result keys of :mod:`roseinfer.metrics.summary`
+        (share 0.0 when every step was in range)."""
+        share = self.num_outside / self.num_steps if self.num_steps else 0.0
+        return {
+            STEPS_OUTSIDE_FIT_SHARE: share,
+            MAX_EXTRAPOLATION: self.max_factor,
+            MAX_EXTRAPOLATION_AXIS: self.axis or None,
+        }
+
+
 # ------------------------------------------------------------------ cost models
 
 
@@ -438,14 +572,27 @@ class ProfiledCostModel:
         model: the fitted step model (see :func:`fit_step_model`).
         label: what was profiled, e.g. ``gpt2 float32 on cpu (2 threads)``.
         held_out: the chosen fit's held-out error, shown by :meth:`describe`.
+        source: what the fit stands on, e.g. ``profile FILE, held-out median
+            step error 4.6%`` (default: ``profile of LABEL``).
+        sample_range: the largest steps it was fitted on; the simulator counts the
+            steps it prices beyond them (:class:`ExtrapolationCounter`).
     """
 
     name = "profiled"
 
-    def __init__(self, model: StepModel, label: str, held_out: HeldOutError | None = None) -> None:
+    def __init__(
+        self,
+        model: StepModel,
+        label: str,
+        held_out: HeldOutError | None = None,
+        source: str | None = None,
+        sample_range: SampleRange | None = None,
+    ) -> None:
         self.model = model
         self.label = label
         self.held_out = held_out
+        self.source = source or f"profile of {label}"
+        self.sample_range = sample_range
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds one step with this batch takes; 0.0 for an empty batch."""

@@ -51,6 +51,7 @@ from typing import IO, Any
 import numpy as np
 
 from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.specs import ModelSpec
 
 STEP_LOG_SCHEMA = "roseinfer-steplog/1"
 
@@ -71,6 +72,14 @@ class StepLogError(ValueError):
 
 MAX_STEP_S = 86_400.0
 """Longest step a log may record (a day): 1e308 s overflowed every sum of step times."""
+MIN_STEP_S = 1e-6
+"""Shortest step a log may record besides 0 (an empty step, skipped by fits): no forward
+pass of a transformer takes under a microsecond; 1e-15 s steps priced TTFT at 0.00 ms."""
+MAX_STEP_TOKENS = 2**31 - 1
+"""Largest token count a step may record per request (new or context tokens), as a
+trace may give (``roseinfer.workloads.traces.MAX_TRACE_TOKENS``); 10^18 overflowed sums."""
+PHASES = ("prefill", "decode", "mixed", "")
+"""The ``phase`` values a step may have (``""``: the engine does not say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +120,27 @@ class StepRecord:
             raise ValueError(f"step {self.step}: start_s and end_s must be finite")
         if self.end_s < self.start_s:
             raise ValueError(f"step {self.step}: end_s {self.end_s} < start_s {self.start_s}")
-        if self.end_s - self.start_s > MAX_STEP_S:
+        duration = self.end_s - self.start_s
+        if duration > MAX_STEP_S:
             raise ValueError(
-                f"step {self.step}: lasts {self.end_s - self.start_s:.3g} s, more than "
+                f"step {self.step}: lasts {duration:.3g} s, more than "
                 f"{MAX_STEP_S:g} s (a day); the log is damaged"
             )
+        if 0 < duration < MIN_STEP_S:
+            raise ValueError(
+                f"step {self.step}: end_s - start_s is {duration:.3g} s, under {MIN_STEP_S:g} s "
+                "(no forward pass is that short); the log is damaged or not in seconds"
+            )
+        if self.phase not in PHASES:
+            raise ValueError(
+                f"step {self.step}: phase must be one of {', '.join(map(repr, PHASES))}, "
+                f"got {self.phase!r:.40}"
+            )
         for new, context in zip(self.num_new_tokens, self.num_context_tokens):
-            if not 1 <= new <= context:
+            if not 1 <= new <= context <= MAX_STEP_TOKENS:
                 raise ValueError(
-                    f"step {self.step}: needs 1 <= num_new_tokens <= num_context_tokens, "
-                    f"got {new} and {context}"
+                    f"step {self.step}: needs 1 <= num_new_tokens <= num_context_tokens <= "
+                    f"{MAX_STEP_TOKENS}, got {new} and {context}"
                 )
 
     @property
@@ -180,32 +200,68 @@ class StepRecord:
         """The inverse of :meth:`to_json` (``host_s`` is derived, not read).
 
         Raises:
-            ValueError, KeyError, TypeError: on a malformed row.
+            ValueError: on a malformed row, naming the field and what it must be.
         """
         forward = row.get("forward_s")
         return cls(
-            step=_int(row["step"]),
-            start_s=float(row["start_s"]),
-            end_s=float(row["end_s"]),
-            forward_s=None if forward is None else float(forward),
-            phase=str(row.get("phase", "")),
-            request_ids=tuple(str(r) for r in row["request_ids"]),
-            num_new_tokens=tuple(_int(n) for n in row["num_new_tokens"]),
-            num_context_tokens=tuple(_int(n) for n in row["num_context_tokens"]),
-            is_decode=tuple(_bool(d) for d in row["is_decode"]),
+            step=_field(row, "step", _is_int, "an integer"),
+            start_s=float(_field(row, "start_s", _is_number, "a number of seconds")),
+            end_s=float(_field(row, "end_s", _is_number, "a number of seconds")),
+            forward_s=None
+            if forward is None
+            else float(_field(row, "forward_s", _is_number, "a number of seconds or null")),
+            phase=_field({"phase": row.get("phase", "")}, "phase", _is_str, "a string"),
+            request_ids=tuple(
+                str(r) for r in _column(row, "request_ids", _is_id, "strings or integers")
+            ),
+            num_new_tokens=_column(row, "num_new_tokens", _is_int, "integers"),
+            num_context_tokens=_column(row, "num_context_tokens", _is_int, "integers"),
+            is_decode=_column(row, "is_decode", _is_bool, "true or false"),
         )
 
 
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {value!r}")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) or _is_int(value)
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _field(row: Mapping[str, Any], key: str, ok: Any, what: str) -> Any:
+    """``row[key]`` when ``ok(row[key])``; else ValueError naming ``key`` and ``what``."""
+    if key not in row:
+        raise ValueError(f"missing field {key!r}")
+    value = row[key]
+    if not ok(value):
+        raise ValueError(f"{key} must be {what}, got {_echo(value)}")
     return value
 
 
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
+def _column(row: Mapping[str, Any], key: str, ok: Any, what: str) -> tuple[Any, ...]:
+    """``row[key]`` as a tuple when it is a list whose items pass ``ok``."""
+    values = _field(row, key, lambda v: isinstance(v, list), f"a list of {what}")
+    for value in values:
+        if not ok(value):
+            raise ValueError(f"{key} must be a list of {what}, got an item {_echo(value)}")
+    return tuple(values)
+
+
+def _echo(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def make_header(
@@ -309,12 +365,21 @@ class StepLogFile:
 
 def is_step_log(path: str | Path) -> bool:
     """True when ``path``'s first line is a step-log header (False when unreadable)."""
+    return first_line_schema(path) == STEP_LOG_SCHEMA
+
+
+def first_line_schema(path: str | Path) -> str | None:
+    """The ``schema`` of ``path``'s first line when it is a JSON object that names
+    one (a step log's header, of any version); None otherwise or when unreadable."""
+    if not Path(path).is_file():  # a device (/dev/zero) or a folder: never read
+        return None
     try:
         with open(path) as f:
             first = f.readline(1 << 20)
-        return json.loads(first).get("schema") == STEP_LOG_SCHEMA
-    except (OSError, ValueError, AttributeError):
-        return False
+        schema = json.loads(first).get("schema")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return schema if isinstance(schema, str) else None
 
 
 def load_step_log(path: str | Path) -> StepLogFile:
@@ -324,6 +389,8 @@ def load_step_log(path: str | Path) -> StepLogFile:
         StepLogError: if the file is missing, is not a step log, or a line is
             malformed (naming the line and what is wrong).
     """
+    if Path(path).exists() and not Path(path).is_file():  # a device or a folder: never read
+        raise StepLogError(f"{path}: not a file; give a step log (--save-steps writes one)")
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
@@ -340,14 +407,51 @@ def load_step_log(path: str | Path) -> StepLogFile:
 def _header(path: str | Path, line: str) -> dict[str, Any]:
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         header = None
     if not isinstance(header, dict) or header.get("schema") != STEP_LOG_SCHEMA:
         raise StepLogError(
             f"{path}:1: not a roseinfer step log (expected a header with schema "
             f"{STEP_LOG_SCHEMA!r}); write one with `rose-run --save-steps FILE`"
         )
+    try:
+        _check_header(header)
+    except ValueError as err:
+        raise StepLogError(f"{path}:1: bad header: {err}; re-record the run") from None
     return header
+
+
+_HEADER_COUNTS = ("num_kv_blocks", "block_size", "max_model_len", "max_num_seqs",
+                  "max_num_batched_tokens")  # fmt: skip
+"""Header ``executor`` fields that are counts (ints > 0, or null) when present."""
+
+
+def _check_header(header: Mapping[str, Any]) -> None:
+    """The header's ``model`` and ``executor`` sections are objects; ``model.spec`` is
+    null or a valid model shape; the executor's counts are positive integers.
+
+    Raises:
+        ValueError: naming the field.
+    """
+    for section in ("model", "executor", "scheduler", "environment"):
+        value = header.get(section)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{section} must be an object, got {_echo(value)}")
+    spec = (header.get("model") or {}).get("spec")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"model.spec must be an object of model-shape fields, got {_echo(spec)}"
+            )
+        try:
+            ModelSpec(**spec)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"model.spec is not a model shape ({str(err)[:120]})") from None
+    executor = header.get("executor") or {}
+    for key in _HEADER_COUNTS:
+        value = executor.get(key)
+        if value is not None and not (_is_int(value) and 0 < value <= MAX_STEP_TOKENS):
+            raise ValueError(f"executor.{key} must be a positive integer, got {_echo(value)}")
 
 
 def _records(path: str | Path, lines: Sequence[str]) -> Iterator[StepRecord]:
@@ -359,6 +463,10 @@ def _records(path: str | Path, lines: Sequence[str]) -> Iterator[StepRecord]:
             if not isinstance(row, dict):
                 raise ValueError("not a JSON object")
             yield StepRecord.from_json(row)
+        except RecursionError:
+            raise StepLogError(
+                f"{path}:{number}: bad step: JSON nested too deep to read; the log is damaged"
+            ) from None
         except (ValueError, KeyError, TypeError) as err:
             detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)[:200]
             raise StepLogError(f"{path}:{number}: bad step: {detail}") from None

@@ -267,14 +267,23 @@ class Engine:
             )
         return StepResult([t_end], token_ids, forward_s=t_end - t_prep)
 
-    def step(self) -> tuple[SchedulerOutput, list[Seq]]:
+    def step(
+        self, before_records: Callable[[SchedulerOutput], None] | None = None
+    ) -> tuple[SchedulerOutput, list[Seq]]:
         """Plan and run one step now (online use). Returns the output and the
         requests that ended in it; ended requests go to :attr:`records`.
 
         An empty output means nothing could run now (no work, or waiting for
         an arrival).
+
+        Args:
+            before_records: called with the applied output before the ended
+                requests are recorded (a front end that ends requests on stop
+                strings, :class:`~roseinfer.executor.streaming.StreamingEngine`).
         """
         out, result = step_once(self.scheduler, self, self.now_s(), on_step=self.on_step)
+        if before_records is not None:
+            before_records(out)
         ended = self.flush_records()
         if result is None:
             return out, []

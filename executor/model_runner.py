@@ -5,37 +5,45 @@ sequence (prefills, prefill chunks and decodes alike); :meth:`ModelRunner.forwar
 packs their new tokens into ``[num_tokens, ...]`` batches (varlen, no padding),
 runs every layer, and returns the logits of each sequence's last token.
 
+Its parts, one file each:
+
+* the attention backend (:mod:`~roseinfer.executor.attention`): an object chosen
+  once (``sdpa``, ``flex``, ``triton``, ``flash_attn``), called by every layer;
+* the KV cache (:mod:`~roseinfer.executor.kv_cache`): the pool, the host tier
+  and the copies between them;
+* the input batch (:mod:`~roseinfer.executor.input_batch`): each pass's
+  metadata built with numpy in persistent buffers and sent in one copy;
+* the graph runner (:mod:`~roseinfer.executor.graph_runner`): decode passes
+  replayed from CUDA graphs (:meth:`ModelRunner.capture_cuda_graphs`).
+
 Passes: a step with more than ``max_tokens_per_pass`` new tokens is run as
 several passes through the whole model, in sequence order; a sequence that
 does not fit what is left of a pass opens the next one, and only one longer
 than a whole pass is cut (its later chunk attends over the cached earlier one,
-as chunked prefill does). On CPU this keeps GPT-2's ``[tokens, 3072]`` float32
-MLP activations under glibc's 32 MB mmap threshold, so they are reused from the
-heap instead of being page-faulted in afresh for every layer (W2-32's 8,032
-prompt tokens in one step: prefill about 5% faster on 2 cores). Only the last
-token of each sequence goes through the LM head.
+as chunked prefill does). On CUDA this bounds a step's activations by what the
+memory planner profiled (:mod:`~roseinfer.executor.memory`), so no step can run
+out of memory however many tokens a policy packs. On CPU it keeps GPT-2's
+``[tokens, 3072]`` float32 MLP activations under glibc's 32 MB mmap threshold,
+so they are reused from the heap instead of being page-faulted in afresh for
+every layer (W2-32's 8,032 prompt tokens in one step: prefill about 5% faster
+on 2 cores). Only the last token of each sequence goes through the LM head.
 
-KV cache layout (vLLM's): per layer, K and V are ``[num_blocks, block_size,
-num_kv_heads, head_dim]``. The scheduler's ``BlockManager`` owns the block ids;
-position ``p`` of a sequence lives in slot ``block_table[p // block_size] *
-block_size + p % block_size`` of the flat ``[num_blocks * block_size, ...]``
-view. Each layer first writes the K/V of *all* new tokens by slot mapping and
-only then attends: two sequences admitted in one step may share prefix blocks
-that the first writes in this very forward while the second reads them as its
+Each layer first writes the K/V of *all* new tokens by slot mapping and only
+then attends: two sequences admitted in one step may share prefix blocks that
+the first writes in this very forward while the second reads them as its
 cached prefix (passes keep the sequence order, so this still holds).
 
-Attention backends (:mod:`roseinfer.executor.attention`): ``sdpa`` (any
-device), ``flex`` (single-token queries read the paged cache in place through a
-block mask; needs ``torch.compile``) and ``flash_attn`` (CUDA). ``auto`` picks
-``flash_attn`` for CUDA with fp16/bf16 and ``block_size % 256 == 0`` (flash-attn
-2's page size rule), ``flex`` on CPU when it compiles here, else ``sdpa``.
+Nothing in the layer loop reads the device: every launch parameter comes from
+host integers the input batch computed with numpy.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,15 +51,25 @@ from torch import nn
 from roseinfer.request import SamplingParams
 
 from . import attention as attn
+from .attention import ATTENTION_BACKENDS
+from .attn_base import AttentionBackend, BackendUnavailable
+from .graph_runner import GraphRunner
+from .input_batch import InputBatch, StepBatch
+from .kv_cache import KVCache, block_bytes
+from .kv_cache import copy_batches as _copy_batches  # noqa: F401 - re-exported for tests
 from .models import ModelAdapter, make_adapter
 from .sampler import sample as sample_tokens
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "flash_attn")
+__all__ = ["ATTENTION_BACKENDS", "ModelRunner", "SeqInput", "split_passes"]
+
 # Tokens per pass through the model on CPU (see the module doc): GPT-2's
 # [2048, 3072] float32 MLP activation (25 MB) stays under glibc's 32 MB mmap
 # threshold, so it is reused from the heap instead of page-faulted in afresh.
 CPU_MAX_TOKENS_PER_PASS = 2048
-MAX_DECODE_PADDING = 1.5  # sdpa: a decode group's longest context vs its shortest
+# Tokens per pass on CUDA unless the memory planner says otherwise: vLLM's default
+# max_num_batched_tokens for online serving on GPUs of >= 70 GiB (vllm/engine/
+# arg_utils.py, EngineArgs.get_batch_defaults).
+CUDA_MAX_TOKENS_PER_PASS = 8192
 logger = logging.getLogger(__name__)
 
 
@@ -73,33 +91,6 @@ class SeqInput:
     block_table: Sequence[int]
 
 
-@dataclass(slots=True)
-class BatchMetadata:
-    """Device tensors describing one packed pass (shared by all layers).
-
-    Attributes:
-        token_ids, positions, slot_mapping: ``[num_tokens]`` int64.
-        last_token_indices: ``[num_seqs]`` int64, each sequence's last packed token.
-        block_tables: ``[num_seqs, max_blocks]`` int64, padded with block 0.
-        context_lens: context length (tokens) per sequence, on the host.
-        attention: prefills, decode groups or the flex decode call (sdpa/flex).
-        cu_seqlens_q, cu_seqlens_k: ``[num_seqs + 1]`` int32 prefix sums of query
-            and context lengths (flash-attn only; else None).
-        max_query_len: longest query (new tokens) of any sequence.
-    """
-
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    last_token_indices: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: list[int]
-    attention: attn.AttentionMetadata
-    cu_seqlens_q: torch.Tensor | None = None
-    cu_seqlens_k: torch.Tensor | None = None
-    max_query_len: int = 0
-
-
 class ModelRunner:
     """Runs a transformers causal LM over a paged KV cache.
 
@@ -107,27 +98,32 @@ class ModelRunner:
         model: a ``GPT2LMHeadModel`` or Llama-family ``*ForCausalLM`` (Llama,
             Mistral, Qwen2). It is moved to ``device``/``dtype`` and set to eval.
             Only its weights and leaf modules are used; the attention is ours.
-        num_kv_blocks: KV blocks in the pool (the scheduler's ``num_kv_blocks``).
+        num_kv_blocks: KV blocks in the pool (the scheduler's ``num_kv_blocks``);
+            :meth:`allocate_kv_cache` changes it later (the memory planner does).
         block_size: tokens per KV block.
         device: where the weights, the cache and all compute live.
         dtype: weight, activation and KV-cache dtype (logits come out float32).
-        attention_backend: ``auto``, ``sdpa``, ``flex`` or ``flash_attn`` (see
-            module doc). An explicit ``flash_attn`` is used whatever the block
-            size; the kernel itself rejects page sizes it does not support.
-            ``flex`` is compiled here, at construction (seconds; cached by
-            inductor on disk for later processes).
+        attention_backend: ``auto``, ``sdpa``, ``flex``, ``triton`` or
+            ``flash_attn`` (see :mod:`~roseinfer.executor.attention`). ``flex``
+            is compiled here, at construction (seconds; cached by inductor on
+            disk for later processes); ``triton`` on CUDA runs a probe launch.
         max_tokens_per_pass: new tokens per pass through the model (see module
-            doc); None = :data:`CPU_MAX_TOKENS_PER_PASS` on CPU, unlimited
-            elsewhere; 0 = unlimited.
+            doc); None = :data:`CPU_MAX_TOKENS_PER_PASS` on CPU,
+            :data:`CUDA_MAX_TOKENS_PER_PASS` on CUDA; 0 = unlimited.
         num_tier_blocks: blocks of a host KV tier (the scheduler's first KV tier;
             0 = none): a host-memory pool with the device pool's layout (pinned
             when the device is CUDA) that :meth:`apply_kv_transfers` copies into
             and out of.
+        enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``).
+        adapter: ``make_adapter(model)`` already built on ``model`` where it is
+            (on ``device`` in ``dtype``), so a run builds it once; None builds it.
 
     Raises:
         ValueError: on an unsupported model type, non-positive pool sizes, an
-            unknown backend, ``flash_attn`` asked for but not importable, or
-            ``flex`` asked for but not compilable here.
+            unknown backend, or an explicit backend that cannot run here
+            (``flash_attn`` not importable, ``flex`` on CUDA or not compilable,
+            ``triton`` not installed or failing its probe), or an ``adapter``
+            given with a model not yet on ``device`` in ``dtype``.
     """
 
     def __init__(
@@ -141,109 +137,165 @@ class ModelRunner:
         attention_backend: str = "auto",
         max_tokens_per_pass: int | None = None,
         num_tier_blocks: int = 0,
+        enforce_eager: bool = False,
+        adapter: ModelAdapter | None = None,
     ) -> None:
-        if num_tier_blocks < 0:
-            raise ValueError(f"num_tier_blocks must be >= 0, got {num_tier_blocks}")
-        if num_kv_blocks <= 0 or block_size <= 0:
-            raise ValueError(
-                f"need num_kv_blocks > 0 and block_size > 0, got {num_kv_blocks}, {block_size}"
-            )
         if max_tokens_per_pass is not None and max_tokens_per_pass < 0:
             raise ValueError(f"max_tokens_per_pass must be >= 0, got {max_tokens_per_pass}")
         self.device = torch.device(device)
         self.dtype = dtype
-        self.num_kv_blocks = num_kv_blocks
         self.block_size = block_size
+        if adapter is not None and not _placed(model, self.device, dtype):
+            # NOTE: moving the model replaces tensors the adapter holds (RoPE's inv_freq)
+            raise ValueError("an adapter needs its model on the runner's device and dtype first")
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self.config = model.config
-        self.adapter: ModelAdapter = make_adapter(self.model)
+        self.adapter: ModelAdapter = adapter if adapter is not None else make_adapter(self.model)
         self.shape = self.adapter.shape
-        self.kv_cache = self._allocate_kv_cache()
-        self.num_tier_blocks = num_tier_blocks
-        self.tier_kv_cache = self._allocate_tier_cache() if num_tier_blocks else None
-        self._copy_stream = (
-            torch.cuda.Stream(self.device)
-            if num_tier_blocks and self.device.type == "cuda"
-            else None
-        )
+        self.kv = KVCache(
+            self.shape, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype,
+            device=self.device, num_tier_blocks=num_tier_blocks,
+        )  # fmt: skip
         if max_tokens_per_pass is None:
-            max_tokens_per_pass = CPU_MAX_TOKENS_PER_PASS if self.device.type == "cpu" else 0
+            cpu = self.device.type == "cpu"
+            max_tokens_per_pass = CPU_MAX_TOKENS_PER_PASS if cpu else CUDA_MAX_TOKENS_PER_PASS
         self.max_tokens_per_pass = max_tokens_per_pass
-        self.attention_backend = _choose_backend(attention_backend, self.device, dtype, block_size)
-        if self.attention_backend == "flex":
-            self._check_flex(explicit=attention_backend == "flex")
-        self._flash_varlen = (
-            _load_flash_varlen() if self.attention_backend == "flash_attn" else None
-        )
+        self.enforce_eager = enforce_eager
+        self.input_batch = InputBatch(self.device, block_size)
+        self.graphs: GraphRunner | None = None
+        self.cuda_graph_capture_s = 0.0
+        self.host_times_s: list[float] | None = None
+        self.backend = self._choose_backend(attention_backend)
 
     # ------------------------------------------------------------- public
+    @property
+    def attention_backend(self) -> str:
+        """The backend in use (``auto`` resolved)."""
+        return self.backend.name
+
     @property
     def vocab_size(self) -> int:
         """Logits width."""
         return self.shape.vocab_size
 
     @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the device pool."""
+        return self.kv.num_blocks
+
+    @property
+    def num_tier_blocks(self) -> int:
+        """Blocks of the host tier (0 = none)."""
+        return self.kv.num_tier_blocks
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """The pool ``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return self.kv.pool
+
+    @property
+    def tier_kv_cache(self) -> torch.Tensor | None:
+        """The host tier (the pool's layout), or None."""
+        return self.kv.tier
+
+    @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the whole KV pool (all layers, K and V)."""
-        return self.kv_cache.numel() * self.kv_cache.element_size()
+        return self.kv.num_bytes
 
-    def apply_kv_transfers(self, ops: Sequence[tuple[int, int, int, int]]) -> None:
-        """Make the block copies the block manager decided for this step, in order,
-        before the forward: ``(src_level, src_index, dst_level, dst_index)`` with
-        level -1 the device pool and 0 the host tier (slots of
-        :attr:`tier_kv_cache`). Consecutive copies between the same two pools go
-        as one ``index_select`` + ``index_copy_`` over all layers, K and V, cut where
-        a copy reads or writes a block an earlier copy of the batch wrote.
-
-        On CUDA the copies run on a side stream that first waits for the device's
-        queued work; host->device copies are asynchronous from pinned memory, the
-        device->host ones wait for their data; the device stream waits on an
-        event before the forward (vLLM's offloading worker does the same).
-
-        Raises:
-            ValueError: on a level other than -1 or 0, or with no host tier.
-        """
-        if not ops:
-            return
-        if self.tier_kv_cache is None:
-            raise ValueError("KV tier copies asked for but the runner has no host tier")
-        stream = self._copy_stream
-        if stream is None:
-            for src, dst, src_ids, dst_ids in _copy_batches(ops):
-                self._copy_blocks(src, dst, src_ids, dst_ids)
-            return
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for src, dst, src_ids, dst_ids in _copy_batches(ops):
-                self._copy_blocks(src, dst, src_ids, dst_ids)
-        torch.cuda.current_stream(self.device).wait_event(stream.record_event())
-
-    @torch.inference_mode()
-    def _copy_blocks(self, src: int, dst: int, src_ids: list[int], dst_ids: list[int]) -> None:
-        pools = {-1: self.kv_cache, 0: self.tier_kv_cache}
-        if src not in pools or dst not in pools:
-            raise ValueError(f"KV copy between levels {src} and {dst}: only -1 and 0 exist")
-        source, target = pools[src], pools[dst]
-        assert source is not None and target is not None
-        rows = source.index_select(2, torch.tensor(src_ids, device=source.device))
-        if rows.device != target.device:
-            if target.device.type == "cpu":
-                rows = rows.to("cpu")  # waits for the gather on the side stream
-            else:
-                rows = rows.pin_memory().to(target.device, non_blocking=True)
-        target.index_copy_(2, torch.tensor(dst_ids, device=target.device), rows)
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one KV block (all layers, K and V)."""
+        return block_bytes(self.shape, self.block_size, self.dtype)
 
     def k_cache(self, layer_idx: int) -> torch.Tensor:
         """Layer K cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a view)."""
-        return self.kv_cache[layer_idx, 0]
+        return self.kv.k(layer_idx)
 
     def v_cache(self, layer_idx: int) -> torch.Tensor:
         """Layer V cache ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a view)."""
-        return self.kv_cache[layer_idx, 1]
+        return self.kv.v(layer_idx)
+
+    def apply_kv_transfers(self, ops: Sequence[tuple[int, int, int, int]]) -> None:
+        """Block copies between the pool and the host tier; see
+        :meth:`roseinfer.executor.kv_cache.KVCache.apply_transfers`."""
+        self.kv.apply_transfers(ops)
+
+    def allocate_kv_cache(self, num_kv_blocks: int) -> None:
+        """Re-allocate the pool with ``num_kv_blocks`` (zeroed; contents lost).
+        Captured CUDA graphs read the old pool, so they are dropped: capture again.
+
+        Raises:
+            ValueError: if ``num_kv_blocks`` < 1.
+        """
+        self.release_cuda_graphs()
+        self.kv.reallocate(num_kv_blocks)
+
+    @property
+    def cuda_graphs_possible(self) -> bool:
+        """Whether :meth:`capture_cuda_graphs` would capture (or, off CUDA, set up
+        the static decode path): not eager, and a backend that supports graphs."""
+        return not self.enforce_eager and self.backend.supports_cuda_graphs
+
+    def capture_cuda_graphs(
+        self, max_num_seqs: int, max_model_len: int, sizes: Sequence[int] | None = None
+    ) -> float:
+        """Capture the decode body at every capture size up to ``max_num_seqs``
+        (see :mod:`~roseinfer.executor.graph_runner`); decode passes then replay
+        them. Off CUDA (the Triton interpreter) the same static path runs eagerly.
+
+        Args:
+            max_num_seqs: the largest decode batch.
+            max_model_len: the longest sequence (sizes the static block tables).
+            sizes: capture only these capture sizes (the memory planner measures
+                two); a decode batch of another size runs the same static path
+                eagerly.
+
+        Returns:
+            seconds spent (also :attr:`cuda_graph_capture_s`); 0.0 when graphs
+            are off (``enforce_eager``, or a backend without graph support).
+        """
+        self.release_cuda_graphs()
+        if not self.cuda_graphs_possible:
+            return 0.0
+        max_blocks = min(-(-max_model_len // self.block_size), self.num_kv_blocks)
+        self.graphs = GraphRunner(
+            self._body, self.backend, device=self.device, dtype=self.dtype,
+            hidden_size=self._hidden_size(), max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=max_blocks, block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks, use_cuda_graphs=True,
+        )  # fmt: skip
+        with torch.inference_mode():
+            self.cuda_graph_capture_s = self.graphs.capture(sizes)
+        logger.info(
+            "captured decode graphs at %d sizes in %.1f s",
+            len(self.graphs.sizes),
+            self.cuda_graph_capture_s,
+        )
+        return self.cuda_graph_capture_s
+
+    @property
+    def graph_batch_sizes(self) -> tuple[int, ...] | None:
+        """Decode batch sizes replayed from CUDA graphs: the captured ones; ``()``
+        when the runner never captures here (eager, a backend without graphs, no
+        CUDA); None before a capture that will happen (the warm-up's)."""
+        if self.graphs is not None:
+            return tuple(self.graphs.captured_sizes) if self.graphs.use_cuda_graphs else ()
+        if self.cuda_graphs_possible and self.device.type == "cuda":
+            return None
+        return ()
+
+    def release_cuda_graphs(self) -> None:
+        """Drop captured graphs (their memory pool is freed with them)."""
+        self.graphs = None
+        self.cuda_graph_capture_s = 0.0
 
     @torch.inference_mode()
     def forward(self, seqs: Sequence[SeqInput]) -> torch.Tensor:
         """One step over all ``seqs``, writing their new K/V into the cache.
+
+        With :attr:`host_times_s` set to a list, appends the host seconds of the
+        call (inputs, launches; no wait for the device) to it.
 
         Returns:
             logits of the last token of each sequence, ``[len(seqs), vocab]``
@@ -254,17 +306,22 @@ class ModelRunner:
                 for its context, a block id outside the pool, or a context
                 longer than the model allows (GPT-2 positions, sliding window).
         """
+        start = time.perf_counter()
         self._check(seqs)
         passes = split_passes(seqs, self.max_tokens_per_pass)
         try:
             last = [self._run_pass(pieces, emit) for pieces, emit in passes]
-        except attn.FlexUnavailable as e:
+        except BackendUnavailable as e:
             # Re-running is safe: the K/V already written are written again, same bits.
-            logger.warning("flex attention failed (%s); using sdpa from now on", e)
-            self.attention_backend = "sdpa"
+            logger.warning("%s attention failed (%s); using sdpa from now on", self.backend.name, e)
+            self.backend = attn.make_backend("sdpa")
+            self.release_cuda_graphs()
             last = [self._run_pass(pieces, emit) for pieces, emit in passes]
         hidden = last[0] if len(last) == 1 else torch.cat(last)
-        return self.adapter.logits(hidden).float()
+        logits = self.adapter.logits(hidden).float()
+        if self.host_times_s is not None:
+            self.host_times_s.append(time.perf_counter() - start)
+        return logits
 
     def sample(
         self,
@@ -276,149 +333,127 @@ class ModelRunner:
         :func:`roseinfer.executor.sampler.sample`."""
         return sample_tokens(logits, params, generators)
 
-    def prepare(self, seqs: Sequence[SeqInput]) -> BatchMetadata:
-        """Validate ``seqs`` and build one pass's device tensors (one host pass).
-
-        Raises:
-            ValueError: as :meth:`forward`.
-        """
-        self._check(seqs)
-        return self._prepare(seqs)
-
     # ------------------------------------------------------------ private
     def _check(self, seqs: Sequence[SeqInput]) -> None:
         if not seqs:
             raise ValueError("forward needs at least one sequence")
+        num_blocks, max_ctx = self.num_kv_blocks, self.shape.max_context_tokens
         for seq_idx, seq in enumerate(seqs):
-            _check_seq(
-                seq_idx, seq, self.block_size, self.num_kv_blocks, self.shape.max_context_tokens
-            )
-
-    def _prepare(self, seqs: Sequence[SeqInput]) -> BatchMetadata:
-        host = _HostBatch.build(seqs, self.block_size)
-        meta = host.to_device(self.device, self.block_size)
-        if self.attention_backend == "flash_attn":
-            host.add_flash_tensors(meta, self.device)
-        else:
-            host.add_attention(
-                meta,
-                self.device,
-                self.block_size,
-                self.num_kv_blocks,
-                flex=self.attention_backend == "flex",
-            )
-        return meta
+            _check_seq(seq_idx, seq, self.block_size, num_blocks, max_ctx)
 
     def _run_pass(self, seqs: Sequence[SeqInput], emit: list[bool]) -> torch.Tensor:
         """All layers over one pass; hidden states ``[sum(emit), hidden]`` of the
         last token of each sequence with ``emit`` set."""
-        meta = self._prepare(seqs)
-        adapter = self.adapter
-        hidden = adapter.embed(meta.token_ids, meta.positions)
-        pos_ctx = adapter.position_context(meta.positions, hidden.dtype)
-        for layer_idx in range(self.shape.num_layers):
-            q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
-            self._write_kv(layer_idx, k, v, meta.slot_mapping)
-            out = self._attend(layer_idx, q, k, v, meta)
-            hidden = adapter.finish_layer(layer_idx, hidden, out.flatten(1))
-        last = meta.last_token_indices
+        padded = self._graph_size(seqs)
+        batch = self.input_batch.build(
+            seqs, self.backend.host_fields, self.num_kv_blocks, pad_to=padded
+        )
+        if padded is not None:
+            assert self.graphs is not None
+            return self.graphs.run(batch)[: len(seqs)]  # decodes: every row emits
+        hidden = self._body(batch, self.backend.build_metadata(batch))
+        last = batch.last_token_indices
         if not all(emit):
             last = last[torch.tensor(emit, device=last.device)]
         return hidden.index_select(0, last)
 
-    def _allocate_kv_cache(self) -> torch.Tensor:
-        """``[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]`` zeros.
+    def _graph_size(self, seqs: Sequence[SeqInput]) -> int | None:
+        """The captured size to run this pass at, or None to run it eagerly."""
+        graphs = self.graphs
+        if graphs is None or any(len(s.token_ids) != 1 for s in seqs):
+            return None
+        longest = max(s.start_pos for s in seqs) + 1
+        return graphs.padded_size(len(seqs), -(-longest // self.block_size))
 
-        NOTE: zeros, not empty: padded context slots are masked to weight 0, and
-        0 * NaN from uninitialised memory would still poison the output.
-        """
+    def _body(self, batch: StepBatch, meta: Any) -> torch.Tensor:
+        """Embedding and every layer over a pass: hidden ``[num_tokens, hidden]``.
+        What CUDA graphs capture: no host read of device data."""
+        adapter, backend = self.adapter, self.backend
+        hidden = adapter.embed(batch.token_ids, batch.positions)
+        pos_ctx = adapter.position_context(batch.positions, hidden.dtype)
+        for layer_idx in range(self.shape.num_layers):
+            q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
+            k_cache, v_cache = self.kv.k(layer_idx), self.kv.v(layer_idx)
+            backend.write_kv(k, v, k_cache, v_cache, batch)
+            scale = adapter.attn_scale(layer_idx)
+            out = backend.forward(q, k, v, k_cache, v_cache, meta, batch, scale)
+            hidden = adapter.finish_layer(layer_idx, hidden, out.flatten(1))
+        return hidden
+
+    def _hidden_size(self) -> int:
+        config: Any = self.config  # GPT-2's n_embd is hidden_size in transformers
+        return int(config.hidden_size)
+
+    def _choose_backend(self, requested: str) -> AttentionBackend:
+        """Resolve ``requested`` and build it; probe ``flex`` (compile) and
+        ``triton`` on CUDA (one launch). A failing probe falls back to ``sdpa``
+        under ``auto`` and raises ValueError when the backend was asked for."""
+        name, reason = attn.resolve_backend(requested, self.device, self.dtype, self.block_size)
         s = self.shape
-        dims = (s.num_layers, 2, self.num_kv_blocks, self.block_size, s.num_kv_heads, s.head_dim)
-        return torch.zeros(dims, dtype=self.dtype, device=self.device)
-
-    def _allocate_tier_cache(self) -> torch.Tensor:
-        """The host tier: the device pool's layout with ``num_tier_blocks`` blocks, in
-        host memory (pinned for asynchronous copies when the device is CUDA)."""
-        s = self.shape
-        dims = (s.num_layers, 2, self.num_tier_blocks, self.block_size, s.num_kv_heads, s.head_dim)
-        pin = self.device.type == "cuda"
-        return torch.zeros(dims, dtype=self.dtype, device="cpu", pin_memory=pin)
-
-    def _write_kv(
-        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
-    ) -> None:
-        """Store ``[num_tokens, num_kv_heads, head_dim]`` K/V at their slots."""
-        heads = (-1, self.shape.num_kv_heads, self.shape.head_dim)
-        self.k_cache(layer_idx).view(heads).index_copy_(0, slots, k)
-        self.v_cache(layer_idx).view(heads).index_copy_(0, slots, v)
-
-    def _attend(
-        self,
-        layer_idx: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        meta: BatchMetadata,
-    ) -> torch.Tensor:
-        """Queries ``[num_tokens, num_heads, head_dim]`` (and this pass's new K/V)
-        -> outputs of the same shape as ``q``."""
-        scale = self.adapter.attn_scale(layer_idx)
-        k_cache, v_cache = self.k_cache(layer_idx), self.v_cache(layer_idx)
-        if self._flash_varlen is not None:
-            assert meta.cu_seqlens_q is not None and meta.cu_seqlens_k is not None
-            return attn.flash_attention(
-                self._flash_varlen,
-                q,
-                k_cache,
-                v_cache,
-                cu_seqlens_q=meta.cu_seqlens_q,
-                cu_seqlens_k=meta.cu_seqlens_k,
-                max_seqlen_q=meta.max_query_len,
-                max_seqlen_k=max(meta.context_lens),
-                block_tables=meta.block_tables,
-                scale=scale,
-            )
-        out = torch.empty_like(q)
-        a = meta.attention
-        attn.prefill_attention(out, q, k, v, k_cache, v_cache, meta.block_tables, a.prefills, scale)
-        attn.grouped_decode_attention(out, q, k_cache, v_cache, a.decode_groups, scale)
-        if a.flex_decodes is not None:
-            attn.flex_decode_attention(out, q, k_cache, v_cache, a.flex_decodes, scale)
-        return out
-
-    def _check_flex(self, *, explicit: bool) -> None:
-        """Compile the flex decode kernel now, on a probe whose row count equals no
-        other size (see :func:`~roseinfer.executor.attention.flex_probe_rows`), so
-        the first step does not stall; fall back to ``sdpa`` (``auto``) or raise
-        (explicit ``flex``) if it does not compile here."""
-        s = self.shape
-        slots = self.num_kv_blocks * self.block_size
-        rows = attn.flex_probe_rows(
-            1, s.num_heads, s.num_kv_heads, s.head_dim, self.num_kv_blocks, slots
-        )
-        probe = [SeqInput([0], i % self.block_size, [0]) for i in range(rows)]
         try:
-            self._flex_probe(probe)
-        except attn.FlexUnavailable as e:
-            if explicit:
+            backend = attn.make_backend(
+                name, num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, device=self.device
+            )
+            self._probe(backend)
+        except BackendUnavailable as e:
+            if requested != "auto":
                 raise ValueError(
-                    f"attention_backend='flex' does not compile here ({e}); use 'sdpa'"
+                    f"attention_backend={name!r} does not compile here ({e}); use 'sdpa'"
                 ) from None
-            logger.warning("flex attention unavailable (%s); using sdpa", e)
-            self.attention_backend = "sdpa"
+            logger.warning("%s attention unavailable (%s); using sdpa", name, e)
+            return attn.make_backend("sdpa")
+        logger.info("attention backend: %s (%s)", name, reason)
+        return backend
+
+    def _probe(self, backend: AttentionBackend) -> None:
+        """Build the backend's kernels now, touching no cache slot.
+
+        Raises:
+            BackendUnavailable: if they do not build or run here.
+        """
+        from .attn_flex import FlexBackend
+
+        if isinstance(backend, FlexBackend):
+            backend.probe(self.k_cache(0), self.v_cache(0), self.shape.num_heads)
+        elif backend.name == "triton" and self.device.type == "cuda":
+            self._probe_triton(backend)
 
     @torch.inference_mode()
-    def _flex_probe(self, seqs: Sequence[SeqInput]) -> None:
-        """Run the decode attention of layer 0 alone on ``seqs`` (single-token
-        queries), touching no cache slot: compiles the kernel."""
-        meta = self._prepare(seqs)
+    def _probe_triton(self, backend: AttentionBackend) -> None:
+        """One decode and one two-token prefill through layer 0's attention, with
+        padded slots (-1: nothing stored) and no key visible but their own."""
         s = self.shape
-        q = torch.zeros((len(seqs), s.num_heads, s.head_dim), dtype=self.dtype, device=self.device)
-        out = torch.empty_like(q)
-        assert meta.attention.flex_decodes is not None
-        attn.flex_decode_attention(
-            out, q, self.k_cache(0), self.v_cache(0), meta.attention.flex_decodes, 1.0
-        )
+        try:
+            for seqs in ([SeqInput([0], 0, [0])], [SeqInput([0, 0], 0, [0])]):
+                batch = self.input_batch.build(seqs, backend.host_fields, self.num_kv_blocks)
+                batch.slot_mapping.fill_(-1)
+                q = torch.zeros(
+                    (batch.num_tokens, s.num_heads, s.head_dim),
+                    dtype=self.dtype,
+                    device=self.device,
+                )
+                kv = torch.zeros(
+                    (batch.num_tokens, s.num_kv_heads, s.head_dim),
+                    dtype=self.dtype,
+                    device=self.device,
+                )
+                backend.write_kv(kv, kv, self.k_cache(0), self.v_cache(0), batch)
+                meta = backend.build_metadata(batch)
+                backend.forward(q, kv, kv, self.k_cache(0), self.v_cache(0), meta, batch, 1.0)
+            torch.cuda.synchronize(self.device)
+        except Exception as e:  # noqa: BLE001 - compiler failures come in many types
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            raise BackendUnavailable(f"{type(e).__name__}: {first_line}") from e
+
+
+def _placed(model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``model``'s first parameter is on ``device`` in ``dtype`` (a loaded
+    model's parameters move together)."""
+    param = next(model.parameters(), None)
+    if param is None:
+        return True
+    index = device.index if device.index is not None else param.device.index
+    return (param.device.type, param.device.index, param.dtype) == (device.type, index, dtype)
 
 
 def _check_seq(
@@ -444,30 +479,6 @@ def _check_seq(
         raise ValueError(
             f"sequence {seq_idx}: context {context_len} exceeds the model's {max_ctx} tokens"
         )
-
-
-def _copy_batches(
-    ops: Sequence[tuple[int, int, int, int]],
-) -> list[tuple[int, int, list[int], list[int]]]:
-    """Group consecutive copies between the same two levels into batches
-    ``(src_level, dst_level, src_ids, dst_ids)``; a copy that writes a block the
-    batch already wrote, or reads one it wrote, starts a new batch (so batched
-    copies equal the copies made one by one, in order)."""
-    batches: list[tuple[int, int, list[int], list[int]]] = []
-    written: set[tuple[int, int]] = set()
-    for src, src_id, dst, dst_id in ops:
-        if (
-            not batches
-            or batches[-1][:2] != (src, dst)
-            or (dst, dst_id) in written
-            or (src, src_id) in written
-        ):
-            batches.append((src, dst, [], []))
-            written = set()
-        batches[-1][2].append(src_id)
-        batches[-1][3].append(dst_id)
-        written.add((dst, dst_id))
-    return batches
 
 
 def split_passes(
@@ -507,189 +518,3 @@ def split_passes(
     if pieces:
         passes.append((pieces, emit))
     return passes
-
-
-# ------------------------------------------------------------------ metadata
-
-
-@dataclass(slots=True)
-class _HostBatch:
-    """The pass as host lists, before one copy of each to the device."""
-
-    token_ids: list[int]
-    positions: list[int]
-    seq_of_token: list[int]
-    query_lens: list[int]
-    context_lens: list[int]
-    block_tables: list[list[int]]  # each cut to the blocks its context needs
-
-    @classmethod
-    def build(cls, seqs: Sequence[SeqInput], block_size: int) -> _HostBatch:
-        """Pack checked ``seqs`` (see :func:`_check_seq`)."""
-        batch = cls([], [], [], [], [], [])
-        for seq_idx, seq in enumerate(seqs):
-            num_query, start = len(seq.token_ids), seq.start_pos
-            context_len = start + num_query
-            batch.token_ids.extend(seq.token_ids)
-            batch.positions.extend(range(start, context_len))
-            batch.seq_of_token.extend([seq_idx] * num_query)
-            batch.query_lens.append(num_query)
-            batch.context_lens.append(context_len)
-            batch.block_tables.append(list(seq.block_table[: -(-context_len // block_size)]))
-        return batch
-
-    def to_device(self, device: torch.device, block_size: int) -> BatchMetadata:
-        """The tensors every backend needs; slot mapping computed on the device."""
-        max_blocks = max(len(t) for t in self.block_tables)
-        padded = [t + [0] * (max_blocks - len(t)) for t in self.block_tables]
-        block_tables = torch.tensor(padded, dtype=torch.long, device=device)
-        positions = torch.tensor(self.positions, dtype=torch.long, device=device)
-        seq_of_token = torch.tensor(self.seq_of_token, dtype=torch.long, device=device)
-        block_ids = block_tables[seq_of_token, positions // block_size]
-        ends = _prefix_sums(self.query_lens)[1:]
-        return BatchMetadata(
-            token_ids=torch.tensor(self.token_ids, dtype=torch.long, device=device),
-            positions=positions,
-            slot_mapping=block_ids * block_size + positions % block_size,
-            last_token_indices=torch.tensor([e - 1 for e in ends], dtype=torch.long, device=device),
-            block_tables=block_tables,
-            context_lens=self.context_lens,
-            attention=attn.AttentionMetadata(),
-            max_query_len=max(self.query_lens),
-        )
-
-    def add_attention(
-        self,
-        meta: BatchMetadata,
-        device: torch.device,
-        block_size: int,
-        num_kv_blocks: int,
-        *,
-        flex: bool,
-    ) -> None:
-        """Prefills (each its own SDPA call); single-token queries as one flex call
-        (``flex``) or as SDPA groups of similar context length."""
-        starts = _prefix_sums(self.query_lens)
-        decode_rows = [i for i, n in enumerate(self.query_lens) if n == 1]
-        for seq_idx, num_query in enumerate(self.query_lens):
-            if num_query > 1:
-                ctx = self.context_lens[seq_idx]
-                mask = None if ctx == num_query else _offset_causal_mask(num_query, ctx, device)
-                meta.attention.prefills.append(
-                    attn.Prefill(seq_idx, starts[seq_idx], num_query, ctx, mask)
-                )
-        if not decode_rows:
-            return
-        if flex:
-            meta.attention.flex_decodes = attn.flex_decode_metadata(
-                [starts[i] for i in decode_rows],
-                [self.block_tables[i] for i in decode_rows],
-                [self.context_lens[i] for i in decode_rows],
-                num_kv_blocks,
-                block_size,
-                device,
-            )
-        else:
-            meta.attention.decode_groups = self._decode_groups(
-                decode_rows, starts, device, block_size
-            )
-
-    def _decode_groups(
-        self, rows: list[int], starts: list[int], device: torch.device, block_size: int
-    ) -> list[attn.DecodeGroup]:
-        """Group the decodes by context length (sorted, a new group once the longest
-        would exceed ``MAX_DECODE_PADDING`` x the shortest) so the padded gather of
-        each group reads little more than its real contexts."""
-        order = sorted(rows, key=lambda i: self.context_lens[i])
-        groups: list[list[int]] = [[]]
-        for i in order:
-            if (
-                groups[-1]
-                and self.context_lens[i] > MAX_DECODE_PADDING * self.context_lens[groups[-1][0]]
-            ):
-                groups.append([])
-            groups[-1].append(i)
-        return [self._decode_group(g, starts, device, block_size) for g in groups]
-
-    def _decode_group(
-        self, members: list[int], starts: list[int], device: torch.device, block_size: int
-    ) -> attn.DecodeGroup:
-        """Block ids ``[n * max_blocks]`` and padding mask of one decode group."""
-        max_blocks = max(len(self.block_tables[i]) for i in members)
-        block_ids = [
-            b
-            for i in members
-            for b in self.block_tables[i] + [0] * (max_blocks - len(self.block_tables[i]))
-        ]
-        lens = torch.tensor([self.context_lens[i] for i in members], device=device)
-        offsets = torch.arange(max_blocks * block_size, device=device)
-        return attn.DecodeGroup(
-            token_indices=torch.tensor(
-                [starts[i] for i in members], dtype=torch.long, device=device
-            ),
-            block_ids=torch.tensor(block_ids, dtype=torch.long, device=device),
-            mask=(offsets[None, :] < lens[:, None])[:, None, None, :],
-        )
-
-    def add_flash_tensors(self, meta: BatchMetadata, device: torch.device) -> None:
-        """Prefix sums for ``flash_attn_varlen_func``; block table as int32."""
-        meta.cu_seqlens_q = torch.tensor(
-            _prefix_sums(self.query_lens), dtype=torch.int32, device=device
-        )
-        meta.cu_seqlens_k = torch.tensor(
-            _prefix_sums(self.context_lens), dtype=torch.int32, device=device
-        )
-        meta.block_tables = meta.block_tables.to(torch.int32)
-
-
-def _offset_causal_mask(num_query: int, context_len: int, device: torch.device) -> torch.Tensor:
-    """``[num_query, context_len]`` bool: query i (position ``context_len -
-    num_query + i``) sees keys at positions up to its own (bottom-right causal)."""
-    query_pos = torch.arange(context_len - num_query, context_len, device=device)
-    return torch.arange(context_len, device=device)[None, :] <= query_pos[:, None]
-
-
-def _prefix_sums(lengths: list[int]) -> list[int]:
-    """``[0, l0, l0 + l1, ...]`` (``len(lengths) + 1`` entries)."""
-    sums = [0]
-    for n in lengths:
-        sums.append(sums[-1] + n)
-    return sums
-
-
-def _choose_backend(
-    requested: str, device: torch.device, dtype: torch.dtype, block_size: int
-) -> str:
-    """Resolve ``auto``; check an explicit ``flash_attn`` / ``flex`` is importable
-    (whether ``flex`` also compiles is checked by the runner)."""
-    if requested not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"attention_backend must be one of {ATTENTION_BACKENDS}, got {requested!r}"
-        )
-    if requested == "flash_attn" and _load_flash_varlen() is None:
-        raise ValueError("attention_backend='flash_attn' but flash_attn (>= 2.5) is not importable")
-    if requested == "flex" and not attn.flex_available():
-        raise ValueError(
-            f"attention_backend='flex' needs torch.nn.attention.flex_attention with "
-            f"BlockMask.from_kv_blocks (torch {torch.__version__} lacks it); use 'sdpa'"
-        )
-    if requested != "auto":
-        return requested
-    fits = (
-        device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and block_size % 256 == 0
-    )
-    if fits and _load_flash_varlen() is not None:
-        return "flash_attn"
-    return "flex" if device.type == "cpu" and attn.flex_available() else "sdpa"
-
-
-def _load_flash_varlen() -> Callable | None:
-    """``flash_attn.flash_attn_varlen_func`` if installed with paged-KV support."""
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except ImportError:
-        return None
-    import inspect
-
-    params = inspect.signature(flash_attn_varlen_func).parameters
-    return flash_attn_varlen_func if "block_table" in params else None

@@ -1,14 +1,13 @@
-"""``rose-run profile``: time the executor's real steps over a grid of batch shapes.
+"""Time the executor's real steps over a grid of batch shapes (``rose-run profile``,
+whose flags are :mod:`roseinfer.cli.profile`).
 
-The grid spans what a workload can make the scheduler produce under the given
-limits (``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len`` and the
-KV pool): single prefill chunks of 2 ... ``max_num_batched_tokens`` tokens
-(geometric) on cached contexts of 0 ... ``max_model_len``; batches of several
-prompts; decode batches of 1 ... ``max_num_seqs`` (geometric) times context
-lengths (geometric), with equal and with spread contexts; and mixed steps (a
-prefill chunk beside decodes). The shape of the grid follows Vidur's profiling
-(token counts geometric then linear, decode batch x KV length; Agrawal et al.,
-MLSys 2024).
+The grid (:func:`roseinfer.calibration.profile_grid.profile_grid`) spans what a
+workload can make the scheduler produce under the given limits
+(``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len``, the block size
+and the KV pool): prefill chunks up to the token budget with and without cached
+prefixes, batches of prompts with and without a shared cached prefix, decode
+batches (on CUDA at the captured graph sizes) times contexts up to
+``max_model_len``, and mixed steps at the budget.
 
 Each step is timed as the engine pays for it: building the runner inputs from
 token lists, ``ModelRunner.forward`` (which prepares the batch tensors), greedy
@@ -25,20 +24,24 @@ The fit and the file format are in :mod:`roseinfer.calibration` (``profile.py``,
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from roseinfer.calibration import OverheadSample, Profile, ProfileSample
 from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.profile_grid import (
+    GridLimits,
+    cuda_graph_batch_sizes,
+    grid_counts,
+    profile_grid,
+)
 from roseinfer.calibration.specs import ModelSpec
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, VirtualClock, drive
@@ -47,127 +50,17 @@ from roseinfer.executor.facts import (
     builtin_device_spec,
     environment_facts,
     executor_facts,
-    model_spec_of,
 )
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 from roseinfer.executor.warmup import scratch_inputs, warm_up
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import load_registry
-from roseinfer.request import Request
+from roseinfer.request import Request, SamplingParams
 from roseinfer.scheduler import Scheduler, SchedulerOutput, StepTotals
 
-DEFAULT_REPETITIONS = 3
-MIN_PREFILL_TOKENS = 2  # a 1-token chunk runs as a decode in the runner
-MULTI_PREFILL_TOKENS = (16, 64, 256)  # prompt lengths of multi-prompt prefill steps
-MIXED_DECODES = (4, 16, 64)  # decode batch sizes beside a prefill chunk
-# Default per-step token limit of the grid: vLLM's max_num_batched_tokens for
-# chunked prefill (or the model's context if longer).
-DEFAULT_PROFILE_TOKENS = 2048
+DEFAULT_REPETITIONS = 3  # timed runs per shape (the median is kept)
 RETRY_SPREAD = 1.3  # repetitions further apart than this are timed again
-
-
-@dataclass(frozen=True, slots=True)
-class GridLimits:
-    """What the profiled scheduler can put in one step.
-
-    Attributes:
-        max_num_batched_tokens: most tokens one step computes.
-        max_num_seqs: most sequences in one step (the decode batch).
-        max_model_len: longest context of one sequence.
-        kv_capacity_tokens: tokens the KV pool holds (steps fit in it).
-    """
-
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    kv_capacity_tokens: int
-
-
-def _geometric(low: int, high: int, factor: float = 2.0) -> list[int]:
-    """``low, low * factor, ...`` up to ``high``, and ``high`` itself (sorted, unique)."""
-    values, x = set(), float(low)
-    while x < high:
-        values.add(int(round(x)))
-        x *= factor
-    values.add(high)
-    return sorted(v for v in values if low <= v <= high)
-
-
-def _prefill_shapes(limits: GridLimits) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Single prefill chunks: new tokens x cached context (0, half, all the room left)."""
-    top = min(limits.max_num_batched_tokens, limits.max_model_len, limits.kv_capacity_tokens)
-    shapes = []
-    for new in _geometric(MIN_PREFILL_TOKENS, top):
-        room = min(limits.max_model_len, limits.kv_capacity_tokens) - new
-        for cached in sorted({0, room // 2, room}):
-            shapes.append(("prefill", [(new, new + cached)]))
-    return shapes
-
-
-def _multi_prefill_shapes(
-    limits: GridLimits, rng: np.random.Generator
-) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Several prompts in one step (lengths spread +-50% around a mean)."""
-    budget = min(limits.max_num_batched_tokens, limits.kv_capacity_tokens)
-    shapes = []
-    for mean in MULTI_PREFILL_TOKENS:
-        mean = min(mean, limits.max_model_len)
-        for count in _geometric(2, max(2, min(limits.max_num_seqs, budget // mean)), 4.0):
-            lengths = rng.integers(max(1, mean // 2), mean + mean // 2 + 1, count)
-            lengths = np.minimum(lengths, limits.max_model_len)
-            if count <= limits.max_num_seqs and lengths.sum() <= budget:
-                shapes.append(("prefill", [(int(n), int(n)) for n in lengths]))
-    return shapes
-
-
-def _decode_shapes(
-    limits: GridLimits, rng: np.random.Generator
-) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Decode batches x contexts: all equal, and spread uniformly over [1, 2 x context]."""
-    max_ctx = min(limits.max_model_len, limits.kv_capacity_tokens)
-    shapes = []
-    for batch in _geometric(1, min(limits.max_num_seqs, limits.max_num_batched_tokens), 2.0):
-        for context in _geometric(16, max_ctx, 4.0):
-            if batch * context > limits.kv_capacity_tokens:
-                continue
-            shapes.append(("decode", [(1, context)] * batch))
-            if batch > 1:
-                spread = np.minimum(rng.integers(1, 2 * context + 1, batch), max_ctx)
-                if spread.sum() <= limits.kv_capacity_tokens:
-                    shapes.append(("decode", [(1, int(c)) for c in spread]))
-    return shapes
-
-
-def _mixed_shapes(limits: GridLimits) -> list[tuple[str, list[tuple[int, int]]]]:
-    """One prefill chunk beside a decode batch (chunked prefill's mixed steps)."""
-    max_ctx = min(limits.max_model_len, limits.kv_capacity_tokens)
-    shapes = []
-    for num_decodes in MIXED_DECODES:
-        if num_decodes >= min(limits.max_num_seqs, limits.max_num_batched_tokens):
-            continue
-        for context in sorted({min(64, max_ctx), max_ctx // 2}):
-            chunk_top = min(limits.max_num_batched_tokens - num_decodes, max_ctx)
-            for chunk in sorted({min(64, chunk_top), chunk_top}):
-                used = num_decodes * context + chunk
-                if chunk >= MIN_PREFILL_TOKENS and used <= limits.kv_capacity_tokens:
-                    decodes = [(1, context)] * num_decodes
-                    shapes.append(("mixed", [(chunk, chunk), *decodes]))
-    return shapes
-
-
-def profile_grid(limits: GridLimits, seed: int = 0) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Every step shape to time: ``(kind, [(num_new_tokens, context_tokens), ...])``.
-
-    Decodes are ``(1, context)``; a prefill chunk's context includes its new
-    tokens. Every shape fits ``limits`` (tokens, sequences, context, KV pool).
-    """
-    rng = np.random.default_rng(seed)
-    return [
-        *_prefill_shapes(limits),
-        *_multi_prefill_shapes(limits, rng),
-        *_decode_shapes(limits, rng),
-        *_mixed_shapes(limits),
-    ]
+GREEDY = SamplingParams()  # what the engine samples a greedy request with
 
 
 def batch_shape_of(seqs: Sequence[tuple[int, int]]) -> BatchShape:
@@ -205,14 +98,15 @@ def _make_point(kind: str, seqs: list[tuple[int, int]], runner: ModelRunner, off
 
 
 def time_step(runner: ModelRunner, point: _Point) -> float:
-    """Seconds of one step as the engine pays it: inputs, forward, sampling, sync."""
+    """Seconds of one step as the engine pays it: inputs, forward, the runner's
+    sampler (greedy, as the engine calls it), sync."""
     start = time.perf_counter()
     inputs = [
         SeqInput(tokens[context - new : context], context - new, table)
         for (new, context), tokens, table in zip(point.seqs, point.tokens, point.tables)
     ]
     logits = runner.forward(inputs)
-    logits.argmax(dim=-1).tolist()
+    runner.sample(logits, [GREEDY] * len(inputs), [None] * len(inputs))
     synchronize(runner.device)
     return time.perf_counter() - start
 
@@ -476,6 +370,7 @@ def run_profile(
     seed: int = 0,
     show_progress: bool = True,
     kv_cache_budget_bytes: int | None = None,
+    graph_batch_sizes: Sequence[int] | None = None,
 ) -> Profile:
     """Warm up, time the grid, measure the host overhead, fit: a :class:`Profile`.
 
@@ -491,11 +386,15 @@ def run_profile(
         show_progress: draw a progress bar on stderr.
         kv_cache_budget_bytes: memory the pool was sized from before any cap
             (default: the pool's bytes).
+        graph_batch_sizes: decode batch sizes the runner captured as CUDA graphs
+            (default: the runner's ``graph_batch_sizes``, else vLLM's capture list
+            on CUDA and none on CPU); decode batches are timed at these sizes.
     """
     start, load_before = time.perf_counter(), environment_facts(runner.device)["load_average"]
+    graphs = _graph_batch_sizes(runner, config) if graph_batch_sizes is None else graph_batch_sizes
     limits = GridLimits(
         max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
-        config.num_kv_blocks * config.block_size,
+        config.num_kv_blocks * config.block_size, config.block_size, tuple(graphs),
     )  # fmt: skip
     warmup = warm_up(
         runner,
@@ -512,7 +411,13 @@ def run_profile(
     extra = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile_wall_s": time.perf_counter() - start,
-        "grid": {"repetitions": repetitions, "seed": seed, "num_samples": len(samples)},
+        "grid": {
+            "repetitions": repetitions,
+            "seed": seed,
+            "num_samples": len(samples),
+            "counts": grid_counts(profile_grid(limits, seed)),
+            "graph_batch_sizes": list(limits.graph_batch_sizes),
+        },
         "host": dataclasses.asdict(host),
         "warmup": [dataclasses.asdict(w) for w in warmup],
     }
@@ -523,6 +428,15 @@ def run_profile(
         samples=[_with_host(s, host) for s in samples], overhead_samples=dispatch,
         base_device=builtin_device_spec(runner.device), seed=seed, extra=extra,
     )  # fmt: skip
+
+
+def _graph_batch_sizes(runner: ModelRunner, config: SchedulerConfig) -> tuple[int, ...]:
+    """The decode batch sizes ``runner`` runs as CUDA graphs (its own list when it
+    has one; vLLM's default list on CUDA; none on CPU)."""
+    own = getattr(runner, "graph_batch_sizes", None)
+    if own is not None:
+        return tuple(own)
+    return cuda_graph_batch_sizes(config.max_num_seqs) if runner.device.type == "cuda" else ()
 
 
 def _with_host(sample: ProfileSample, host: HostOverhead) -> ProfileSample:
@@ -542,114 +456,3 @@ def _timed_samples(
     ) as bar:
         timed = time_grid(runner, shapes, repetitions, seed, lambda n: _advance(bar, n))
     return [ProfileSample(kind, batch_shape_of(seqs), tuple(t)) for kind, seqs, t in timed]
-
-
-# ---------------------------------------------------------------------- CLI
-
-
-def build_profile_parser() -> argparse.ArgumentParser:
-    """The ``rose-run profile`` argument parser."""
-    from roseinfer.cli import POSITIVE, ArgumentParser, add_flag, add_quiet_args
-    from roseinfer.config import DEFAULT_MAX_NUM_SEQS
-    from roseinfer.executor.cli import add_model_args
-
-    parser = ArgumentParser(
-        prog="rose-run profile",
-        description="Time the executor's real steps over a grid of batch shapes and fit a "
-        "cost model for `rose-sim --cost-model PROFILE.json`.",
-    )
-    parser.add_argument("--output", type=Path, required=True, help="PROFILE.json to write")
-    g = parser.add_argument_group("executor (as rose-run)")
-    add_model_args(g, warmup=False)
-    add_flag(g, "--seed")
-    g.add_argument("--repetitions", type=POSITIVE, default=DEFAULT_REPETITIONS,
-                   help=f"timed runs per shape; the median is kept (default {DEFAULT_REPETITIONS})")  # fmt: skip
-    g = parser.add_argument_group("limits (as rose-run; they set the grid and the KV pool)")
-    add_flag(
-        g,
-        "--max-num-batched-tokens",
-        help="most tokens per step (default: max(--max-model-len, 2048))",
-    )
-    add_flag(g, "--max-num-seqs", default=DEFAULT_MAX_NUM_SEQS)
-    add_flag(g, "--max-model-len")
-    for flag in ("--block-size", "--num-kv-blocks", "--kv-cache-memory-gb"):
-        add_flag(g, flag)
-    add_quiet_args(parser, summary=False)
-    return parser
-
-
-def profile_main(argv: Sequence[str]) -> int:
-    """Entry point of ``rose-run profile`` (flags after ``profile``)."""
-    from roseinfer.cli import friendly_errors
-
-    args = build_profile_parser().parse_args(list(argv))
-    with friendly_errors("rose-run profile"):
-        profile = _profile_from_args(args)
-        profile.save(args.output)
-        print(summary_lines(profile, args.output))
-    return 0
-
-
-def _profile_from_args(args: argparse.Namespace) -> Profile:
-    from roseinfer.cli import CliError
-    from roseinfer.executor import cli
-    from roseinfer.executor.models import build_model
-
-    if args.repetitions < 1:
-        raise CliError(f"--repetitions must be >= 1, got {args.repetitions}")
-    device = cli.resolve_device(args.device)
-    cli.set_num_threads(args.num_threads)
-    dtype = cli.DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
-    model, hf_config, _ = build_model(args.model, seed=args.seed, dtype=dtype, device=device)
-    max_model_len = cli._max_model_len(args, model)
-    max_seqs_blocks = args.max_num_seqs * -(-max_model_len // args.block_size)
-    kv_bytes = cli._kv_bytes_per_token(hf_config, dtype)
-    num_blocks = args.num_kv_blocks or cli.default_num_kv_blocks(
-        args, kv_bytes, device, max_seqs_blocks
-    )
-    # The memory the pool is sized from before rose-run's cap, so that rose-sim can
-    # size another model's pool the same way.
-    budget_blocks = args.num_kv_blocks or cli.default_num_kv_blocks(args, kv_bytes, device)
-    kv_budget_bytes = budget_blocks * kv_bytes * args.block_size
-    try:
-        config = SchedulerConfig(
-            num_kv_blocks=num_blocks, block_size=args.block_size,
-            max_num_seqs=args.max_num_seqs, max_model_len=max_model_len,
-        )  # fmt: skip
-    except ValueError as err:
-        raise CliError(str(err)) from None
-    batched = args.max_num_batched_tokens or max(max_model_len, DEFAULT_PROFILE_TOKENS)
-    if batched < 1:
-        raise CliError(f"--max-num-batched-tokens must be >= 1, got {batched}")
-    runner = ModelRunner(
-        model, num_kv_blocks=num_blocks, block_size=args.block_size, device=device,
-        dtype=dtype, attention_backend=args.attention_backend,
-    )  # fmt: skip
-    return run_profile(
-        runner, config, model_name=args.model,
-        model_spec=model_spec_of(args.model, hf_config, dtype), hf_config=hf_config,
-        max_num_batched_tokens=batched, repetitions=args.repetitions, seed=args.seed,
-        show_progress=not args.quiet, kv_cache_budget_bytes=kv_budget_bytes,
-    )  # fmt: skip
-
-
-def summary_lines(profile: Profile, path: Path) -> str:
-    """What ``rose-run profile`` prints: samples, fit choice, held-out errors, roofline."""
-    fit, roof = profile.step_fit, profile.roofline
-    lines = [
-        f"profiled {profile.label}: {len(profile.samples)} step shapes in "
-        f"{profile.extra.get('profile_wall_s', float('nan')):.0f} s -> {path}",
-        "held-out relative error (median / p90 / max):",
-    ]
-    for name, err in fit.held_out.items():
-        mark = " <- chosen" if name == fit.model.name else ""
-        lines.append(f"  {name:8s} {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}{mark}")
-    if roof is None:  # a profile always has a model shape; a pooled calibration may not
-        return "\n".join(lines)
-    dev, err = roof.device, roof.held_out
-    lines.append(
-        f"  roofline {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}  "
-        f"(calibrated: {roof.combine} of {dev.achievable_flops / 1e9:.3g} GFLOP/s and "
-        f"{dev.achievable_bandwidth / 1e9:.3g} GB/s, overhead {dev.overhead_s * 1e3:.2f} ms)"
-    )
-    return "\n".join(lines)

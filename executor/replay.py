@@ -20,9 +20,9 @@ import torch
 from roseinfer.calibration.report import RunOutput
 from roseinfer.calibration.steplog import StepRecorder
 from roseinfer.config import SchedulerConfig
+from roseinfer.executor.builder import RunnerChoice, new_runner, pass_tokens, warm_up
 from roseinfer.executor.engine import Engine
 from roseinfer.executor.model_runner import ModelRunner
-from roseinfer.executor.warmup import warm_up
 from roseinfer.registry import Registry
 from roseinfer.request import Request
 
@@ -31,12 +31,15 @@ class ExecutorReplay:
     """Runs request lists for real on one model (a ``RealRun`` callable).
 
     Args:
-        model: the torch model (``roseinfer.executor.models.build_model``).
+        model: the torch model, on ``device`` in ``dtype``
+            (``roseinfer.executor.models.build_model``).
         device: where it runs; dtype: weights and KV dtype.
         seed: sampling seed of every engine.
         warmup: warm up before each run's clock starts (as ``rose-run``).
         registry: plugin registry (default: built-ins plus entry points).
         attention_backend: as ``rose-run --attention-backend``.
+        enforce_eager: no CUDA graphs (``--enforce-eager``); otherwise the
+            warm-up captures them where the backend can.
     """
 
     def __init__(
@@ -49,25 +52,35 @@ class ExecutorReplay:
         warmup: bool = True,
         registry: Registry | None = None,
         attention_backend: str = "auto",
+        enforce_eager: bool = False,
     ) -> None:
         self.model, self.device, self.dtype = model, torch.device(device), dtype
         self.seed, self.warmup, self.registry = seed, warmup, registry
-        self.attention_backend = attention_backend
+        self.attention_backend, self.enforce_eager = attention_backend, enforce_eager
         self._runner: ModelRunner | None = None
+        self._pool: tuple[int, int, int | None] | None = None
 
     def runner_for(self, config: SchedulerConfig) -> ModelRunner:
-        """The model runner with ``config``'s KV pool (made again only when it changes)."""
+        """The model runner with ``config``'s KV pool and pass size (made again only
+        when they change),
+        built as ``rose-run`` builds one (:func:`~roseinfer.executor.builder.new_runner`).
+
+        Raises:
+            BuildError: on a pool the device's memory cannot hold.
+        """
         runner = self._runner
-        if runner is None or (runner.num_kv_blocks, runner.block_size) != (
+        pool = (
             config.num_kv_blocks,
             config.block_size,
-        ):
+            pass_tokens(self.device, config.max_num_batched_tokens),
+        )
+        if runner is None or pool != self._pool:
             self._runner = None  # free the old pool before allocating the new one
-            runner = ModelRunner(
-                self.model, num_kv_blocks=config.num_kv_blocks, block_size=config.block_size,
-                device=self.device, dtype=self.dtype, attention_backend=self.attention_backend,
+            runner = new_runner(
+                self.model, config, device=self.device, dtype=self.dtype,
+                choice=RunnerChoice(self.attention_backend, self.enforce_eager),
             )  # fmt: skip
-            self._runner = runner
+            self._runner, self._pool = runner, pool
         return runner
 
     def __call__(self, requests: Sequence[Request], config: SchedulerConfig) -> RunOutput:

@@ -28,7 +28,6 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from roseinfer.driver import step_once
 from roseinfer.executor.detokenizer import IncrementalDetokenizer
 from roseinfer.executor.engine import Engine
 from roseinfer.executor.validation import (
@@ -43,6 +42,7 @@ from roseinfer.executor.validation import (
 from roseinfer.interface import PolicyError
 from roseinfer.records import RecordBuilder
 from roseinfer.request import Request, SamplingParams
+from roseinfer.scheduler import SchedulerOutput
 from roseinfer.sequence import SeqStatus
 from roseinfer.sequence import Sequence as Seq
 
@@ -176,6 +176,7 @@ class StreamingEngine:
         self._wakeup = threading.Event()
         self._running = True
         self._error: BaseException | None = None
+        self._done_callbacks: list[Callable[[BaseException | None], None]] | None = []
         self._ids = itertools.count()
         # NOTE: with every record kept, ids stay unique across them (a set beside the
         # records); without, only live ids are checked: nothing grows per request.
@@ -371,8 +372,22 @@ class StreamingEngine:
 
     @property
     def alive(self) -> bool:
-        """True while the worker runs (not closed, not failed)."""
-        return self._is_running() and self._worker.is_alive()
+        """True while the worker runs (not closed, not failed). Never waits: it
+        takes no lock (a health check must answer while the worker is busy)."""
+        return self._running and self._worker.is_alive()  # one read of a bool: atomic
+
+    def add_done_callback(self, fn: Callable[[BaseException | None], None]) -> None:
+        """Call ``fn`` once when the worker has ended: with None after :meth:`close`,
+        with the worker's exception after a fault (before ``on_fatal``). It runs on
+        the worker thread, after every stream has ended, or at once here if the
+        worker has ended already."""
+        with self._lock:
+            pending = self._done_callbacks
+            if pending is not None:
+                pending.append(fn)
+                return
+            error = self._error
+        fn(error)
 
     @property
     def error(self) -> BaseException | None:
@@ -436,6 +451,7 @@ class StreamingEngine:
             self._apply_commands()
             self._end_all(_End(EngineClosedError, "the streaming engine was closed"))
             self._last_records()
+            self._call_done(None)
         except BaseException as err:  # noqa: BLE001 - every stream must learn of it
             with self._lock:
                 self._running = False
@@ -443,8 +459,16 @@ class StreamingEngine:
             self._end_all(_End(EngineClosedError, f"worker failed: {err!r}", err))
             with contextlib.suppress(Exception):  # the fault is reported; records may go with it
                 self._last_records()
+            self._call_done(err)
             if self.on_fatal is not None:
                 self.on_fatal(err)
+
+    def _call_done(self, error: BaseException | None) -> None:
+        """Run the done callbacks, once (see :meth:`add_done_callback`)."""
+        with self._lock:
+            callbacks, self._done_callbacks = self._done_callbacks or [], None
+        for fn in callbacks:
+            fn(error)
 
     def _is_running(self) -> bool:
         with self._lock:
@@ -474,16 +498,18 @@ class StreamingEngine:
                 self._send(seq.request_id, _End(RequestRejectedError, seq.reject_reason))
 
     def _step(self) -> None:
-        """One step (``Engine.step``, with stop strings applied before the ended
-        requests are recorded), then the outputs are sent."""
+        """One :meth:`Engine.step`, with stop strings applied before the ended
+        requests are recorded, then the outputs are sent."""
         engine = self.engine
-        out, _ = step_once(engine.scheduler, engine, engine.now_s(), on_step=engine.on_step)
+        outputs: list[tuple[str, StreamOutput | _End]] = []
+
+        def apply_stops(out: SchedulerOutput) -> None:
+            outputs.extend(self._outputs([item.seq for item in out.sampling]))
+
+        out, _ = engine.step(before_records=apply_stops)
         failed = engine.pop_failed()
         if out.is_empty and not failed:  # nothing runs, the policy admits nothing: never will
-            engine.flush_records()
             raise PolicyError(engine.scheduler.stall_message())
-        outputs = self._outputs([item.seq for item in out.sampling])
-        engine.flush_records()
         self._save_records(idle=False)
         engine.scheduler.release_steps()
         for rid, err in failed.items():
@@ -494,8 +520,10 @@ class StreamingEngine:
     def _outputs(self, seqs: Sequence[Seq]) -> list[tuple[str, StreamOutput | _End]]:
         """What each request that sampled gets: its token and text piece, and the
         end of its stream if it ended (a stop string ends it here)."""
-        end_s = float(self.engine.scheduler.step_log.end_s[-1])
         outputs: list[tuple[str, StreamOutput | _End]] = []
+        if not seqs:
+            return outputs
+        end_s = float(self.engine.scheduler.step_log.end_s[-1])
         for seq in seqs:
             rid, token = seq.request_id, seq.output_token_ids[-1]
             detok = self._detoks.get(rid)

@@ -28,7 +28,11 @@ MAX_TOP_K = 2**63 - 1  # the sampler holds top_k in an int64 tensor; >= the voca
 # token ids; OpenAI allows 4 stop strings, a model's own stop tokens are a handful.
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 256
-MAX_STOP_TOKEN_IDS = 1024
+MAX_STOP_TOKEN_IDS = 1024  # a request's own stop token ids
+# NOTE: a front end adds the model's end-of-sequence id to a request's stop token ids
+# (rose-serve, StreamingEngine's default), so the engine takes one more than a
+# request may name: the limit applies to what the client sent.
+MAX_ENGINE_STOP_TOKEN_IDS = MAX_STOP_TOKEN_IDS + 1
 
 
 class InvalidRequestError(ValueError):
@@ -107,7 +111,8 @@ def check_sampling(params: SamplingParams) -> None:
     ``top_p`` in ``[MIN_TOP_P, 1]`` (> 0 in float32); integer ``top_k`` in
     ``[0, MAX_TOP_K]`` or -1 (0 and -1 disable, -1 as in vLLM; a value >= the
     vocabulary keeps every token); ``seed`` None or an integer that fits 64 bits;
-    bool ``ignore_eos``; at most :data:`MAX_STOP_TOKEN_IDS` integer ``stop_token_ids``.
+    bool ``ignore_eos``; at most :data:`MAX_ENGINE_STOP_TOKEN_IDS` integer
+    ``stop_token_ids`` (a request's own and the model's end-of-sequence id).
 
     Raises:
         InvalidRequestError: naming the first bad field.
@@ -120,7 +125,7 @@ def check_sampling(params: SamplingParams) -> None:
         )
     if not isinstance(params.ignore_eos, bool):
         raise InvalidRequestError("ignore_eos", f"must be true or false, got {params.ignore_eos!r}")
-    check_stop_token_ids(params.stop_token_ids)
+    check_stop_token_ids(params.stop_token_ids, MAX_ENGINE_STOP_TOKEN_IDS)
 
 
 def check_sampling_values(temperature: Any, top_p: Any, top_k: Any) -> None:
@@ -149,24 +154,30 @@ def check_sampling_values(temperature: Any, top_p: Any, top_k: Any) -> None:
         )
 
 
-def check_stop_token_ids(ids: Any) -> tuple[int, ...]:
+def check_stop_token_ids(ids: Any, max_ids: int = MAX_STOP_TOKEN_IDS) -> tuple[int, ...]:
     """Return ``ids`` as :class:`StopTokenIds` if it is a sequence of at most
-    :data:`MAX_STOP_TOKEN_IDS` integers (the request ends when it samples one).
+    ``max_ids`` integers (the request ends when it samples one).
+
+    Args:
+        max_ids: most ids (:data:`MAX_STOP_TOKEN_IDS`: what a request may name).
 
     Raises:
-        InvalidRequestError: naming ``stop_token_ids``.
+        InvalidRequestError: naming ``stop_token_ids``, the count, or the first
+            element that is not an integer (``null`` included) and its position.
     """
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise InvalidRequestError(
             "stop_token_ids", f"must be a list of token ids, got {_clip(ids)}"
         )
-    if len(ids) > MAX_STOP_TOKEN_IDS:
+    if len(ids) > max_ids:
         raise InvalidRequestError(
-            "stop_token_ids", f"has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed"
+            "stop_token_ids", f"has {len(ids)} ids; at most {max_ids} are allowed"
         )
-    bad = next((s for s in ids if not _is_int(s)), None)
+    bad = next((i for i, s in enumerate(ids) if not _is_int(s)), None)
     if bad is not None:
-        raise InvalidRequestError("stop_token_ids", f"must be integers, got {_clip(bad)}")
+        raise InvalidRequestError(
+            "stop_token_ids", f"must be integers, got {_clip(ids[bad])} at position {bad}"
+        )
     return ids if isinstance(ids, StopTokenIds) else StopTokenIds(int(s) for s in ids)
 
 

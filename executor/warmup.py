@@ -14,6 +14,10 @@ happened to arrive first.
 The warm-up writes K/V into pool blocks the scheduler has not handed out yet:
 a block is always written before it is read, and padded context slots are
 masked, so outputs are unchanged.
+
+CUDA graphs are captured here too, first (vLLM's ``capture_model`` is part of
+its warm-up as well), unless the runner runs eagerly; the later decode shapes
+then replay them. Their capture time is the ``cuda-graphs`` step.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ class WarmupStep:
     """One warm-up step: what it ran and how long each round took.
 
     Attributes:
-        name: ``prefill``, ``prefill-batch``, ``decode``, ``decode-1`` or ``mixed``.
-        num_seqs: sequences in the step; num_tokens: tokens it computed.
+        name: ``cuda-graphs``, ``prefill``, ``prefill-batch``, ``decode``,
+            ``decode-1`` or ``mixed``.
+        num_seqs: sequences in the step (``cuda-graphs``: sizes captured);
+            num_tokens: tokens it computed.
         times_s: seconds of each round (the first pays the one-time costs).
     """
 
@@ -94,9 +100,14 @@ def warm_up(
         rounds: runs per shape (>= 1).
 
     Returns:
-        One :class:`WarmupStep` per shape, with the seconds of each round.
+        One :class:`WarmupStep` per shape, with the seconds of each round; first,
+        when graphs were captured, ``cuda-graphs`` (its sizes, the capture seconds).
     """
     steps = []
+    if runner.cuda_graphs_possible and runner.graphs is None:
+        capture_s = runner.capture_cuda_graphs(config.max_num_seqs, config.max_model_len)
+        num_sizes = len(runner.graphs.sizes) if runner.graphs is not None else 0
+        steps.append(WarmupStep("cuda-graphs", num_sizes, 0, (capture_s,)))
     for name, seqs in warmup_shapes(config):
         inputs = scratch_inputs(seqs, runner.block_size, runner.num_kv_blocks, runner.vocab_size)
         times = tuple(_timed_step(runner, inputs) for _ in range(rounds))

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,18 @@ DEFAULT_MIN_DURATION_S = 60.0  # shortest probe horizon (simulated s)
 HORIZON_FACTOR = 2.0  # horizon = factor x time scale / tolerance (module docstring)
 WARMUP_FRACTION = 0.2  # arrivals in the first 20% of the horizon are not measured
 DRAIN_FRACTION = 0.1  # nor those in the last 10%
+MEASURED_FRACTION = 1 - WARMUP_FRACTION - DRAIN_FRACTION
+SATURATION_REQUESTS = 4000  # the fluid estimate bursts at most this many requests
 MAX_PROBE_REQUESTS = 500_000  # a probe's horizon shrinks to hold at most this many
 MIN_MEASURED_REQUESTS = 2000  # ... and grows to measure at least this many
+# Caps, as a grid's size is capped: past them a search runs for hours and answers
+# nothing finer (each is a flag's range; the error names it).
+MIN_TOLERANCE = 1e-3  # bisection to 0.1% of the rate: 9 halvings from a 1.5x bracket
+MAX_TOLERANCE = 0.5
+MAX_DURATION_S = 3600.0  # --min-duration-s: one simulated hour
+MAX_MEASURED_REQUESTS = 100_000  # --min-measured-requests: sampling error < 0.1 point
+MAX_SLO_MS = 3_600_000.0  # an SLO of at most an hour (ms)
+MAX_HORIZON_S = 86_400.0  # a probe spans at most a simulated day
 CRITERION_METRICS = ("ttft", "tpot", "e2el", "queue")
 
 
@@ -177,16 +188,27 @@ class CapacitySearch:
             raise ValueError(
                 f"need 0 < --min-rate <= --max-rate < inf, got {self.min_rate}, {self.max_rate}"
             )
-        if not 0 < self.tolerance < 1:
-            raise ValueError(f"--tolerance must be in (0, 1), got {self.tolerance}")
+        if not MIN_TOLERANCE <= self.tolerance <= MAX_TOLERANCE:
+            raise ValueError(
+                f"--tolerance must be in [{MIN_TOLERANCE:g}, {MAX_TOLERANCE:g}], got {self.tolerance}"
+            )
         if not 0 < self.attainment <= 1:
             raise ValueError(f"--attainment must be in (0, 1], got {self.attainment}")
-        if not 0 < self.min_duration_s < math.inf:
-            raise ValueError(f"--min-duration-s must be > 0, got {self.min_duration_s}")
-        if self.min_measured_requests < 1:
+        if not 0 < self.min_duration_s <= MAX_DURATION_S:
             raise ValueError(
-                f"--min-measured-requests must be >= 1, got {self.min_measured_requests}"
+                f"--min-duration-s must be in (0, {MAX_DURATION_S:g}], got {self.min_duration_s}"
             )
+        if not 1 <= self.min_measured_requests <= MAX_MEASURED_REQUESTS:
+            raise ValueError(
+                f"--min-measured-requests must be in [1, {MAX_MEASURED_REQUESTS}], got "
+                f"{self.min_measured_requests}"
+            )
+        for c in self.slos:
+            if c.threshold_ms > MAX_SLO_MS:
+                raise ValueError(
+                    f"SLO {c} is longer than an hour ({MAX_SLO_MS:g} ms), the most a capacity "
+                    "search measures; give a smaller --goodput threshold"
+                )
 
     @property
     def slos(self) -> list[Criterion]:
@@ -199,7 +221,14 @@ class CapacitySearch:
             c.threshold_ms / 1e3 * (mean_output_tokens if c.metric == "tpot" else 1.0)
             for c in self.slos
         ]
-        return max(self.min_duration_s, HORIZON_FACTOR * max(scales) / self.tolerance)
+        horizon = max(self.min_duration_s, HORIZON_FACTOR * max(scales) / self.tolerance)
+        return min(horizon, MAX_HORIZON_S)
+
+    def expected_probes(self) -> int:
+        """Probes a search usually takes: three to bracket the boundary from the fluid
+        estimate (0.55x, 0.83x, 1.24x), then halvings of the 1.5x bracket down to the
+        tolerance. A workload far from its estimate takes a few more."""
+        return 3 + math.ceil(math.log2(0.5 / self.tolerance))
 
 
 @dataclass(slots=True)
@@ -334,7 +363,7 @@ def measured(records: pd.DataFrame, horizon_s: float) -> pd.DataFrame:
 def saturation_rate(point: GridPoint, inputs: GridInputs, pool: Sequence[Request]) -> float:
     """The fluid estimate: requests per simulated second when every request of
     ``pool`` (at most 4,000 of them) arrives at t = 0 (NaN if the run takes no time)."""
-    burst = [dataclasses.replace(r, arrival_time_s=0.0) for r in pool[:4000]]
+    burst = [dataclasses.replace(r, arrival_time_s=0.0) for r in pool[:SATURATION_REQUESTS]]
     result = simulate_point(point, inputs, burst)
     return len(burst) / result.duration_s if result.duration_s > 0 else math.nan
 
@@ -355,8 +384,19 @@ def fluid_capacity(
     return saturation_rate(GridPoint(0, "", {}, None, 1, 0), inputs, list(requests))
 
 
-def search_point(point: GridPoint, inputs: GridInputs, search: CapacitySearch) -> dict[str, Any]:
+def search_point(
+    point: GridPoint,
+    inputs: GridInputs,
+    search: CapacitySearch,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """The steady-state capacity of one sweep configuration.
+
+    Args:
+        say: called with one line of progress: the plan once the fluid estimate
+            is known (probes expected, requests per probe, an estimate of the wall
+            time from the estimate's own speed), then one line per probe as it
+            finishes (rate, pass or fail, attainment).
 
     Returns:
         ``variant``, ``router``, ``num_replicas``, ``replicas`` (``"4"``, or ``"1P+3D"`` for a
@@ -368,17 +408,33 @@ def search_point(point: GridPoint, inputs: GridInputs, search: CapacitySearch) -
     pool = list(inputs.requests)
     mean_output = float(np.mean([r.max_output_tokens for r in pool])) if pool else 1.0
     horizon = search.horizon_s(mean_output)
-    criteria = search.slos
+    fewest = max(search.min_requests, search.min_measured_requests / MEASURED_FRACTION)
+    label = point.variant or "search"
 
     def probe(rate: float) -> tuple[bool, float]:
-        window = 1 - WARMUP_FRACTION - DRAIN_FRACTION
-        fewest = max(search.min_requests, search.min_measured_requests / window)
         span = min(max(horizon, fewest / rate), MAX_PROBE_REQUESTS / rate)
         reqs = probe_requests(pool, rate, span, inputs.burstiness, point.seed)
         result = simulate_point(dataclasses.replace(point, request_rate=rate), inputs, reqs)
-        return judge(measured(result.records, span), criteria, search.attainment)
+        ok, value = judge(measured(result.records, span), criteria, search.attainment)
+        if say is not None:
+            verdict = "pass" if ok else "fail"
+            say(
+                f"{label}: {rate:.4g} req/s {verdict} (attainment {value:.1%}, {len(reqs):,} requests)"
+            )
+        return ok, value
 
+    criteria = search.slos
+    start = time.perf_counter()
     estimate = saturation_rate(point, inputs, pool) if pool else math.nan
+    if say is not None and not math.isnan(estimate):
+        speed = min(len(pool), SATURATION_REQUESTS) / max(time.perf_counter() - start, 1e-9)
+        per_probe = min(max(estimate * horizon, fewest), MAX_PROBE_REQUESTS)
+        wall = search.expected_probes() * per_probe / speed
+        say(
+            f"{label}: fluid estimate {estimate:.4g} req/s; about {search.expected_probes()} "
+            f"probes of about {per_probe:,.0f} requests ({horizon:.0f} simulated s), about "
+            f"{wall:.0f} s wall"
+        )
     found = find_capacity(probe, search, None if math.isnan(estimate) else estimate)
     num_gpus = sum(s.num_gpus for s in point_replicas(point, inputs))
     return {

@@ -76,6 +76,7 @@ __all__ = [
     "estimate_capacity",
     "markdown_table",
     "run_fidelity",
+    "serving_combinations",
     "simulate_output",
 ]
 
@@ -83,6 +84,7 @@ POLICIES: tuple[str, ...] = ("fifo", "budget", "pack")
 LOOP_ORDERS: tuple[str, ...] = ("prefill-first", "decode-first", "mixed")
 DEFAULT_PREFILL_MAX_TOKENS = 512  # budget/pack admission budget (prompt tokens per step)
 DEFAULT_CHUNK_TOKENS = 512  # mixed: max_num_batched_tokens with chunked prefill
+SERVING_BUDGET_TOKENS = 2048  # vLLM's default max_num_batched_tokens with chunked prefill
 
 RealRun = Callable[[Sequence[Request], SchedulerConfig], RunOutput]
 """Runs requests for real under a scheduler config, recording its steps
@@ -125,6 +127,44 @@ def default_combinations(
             knobs["max_num_batched_tokens"] = max(chunk_tokens, base.max_num_seqs)
         combos.append(Combination(f"{policy}/{order}", dataclasses.replace(base, **knobs)))
     return combos
+
+
+def serving_combinations(
+    base: SchedulerConfig,
+    budget_tokens: int = SERVING_BUDGET_TOKENS,
+    force_fifo_every: int = 8,
+) -> list[Combination]:
+    """The serving grid a GPU fidelity run covers, on top of ``base``:
+
+    ``fifo`` (prefill-first, no budget); ``budget-B`` (FIFO under a prefill token
+    budget of B); ``pack-B+ffN`` (lookahead packing under B, strict FIFO every N-th
+    step, seed 033); ``budget-B/decode-first`` (seed 032's order); ``mixed-B``
+    (FIFO, one step of decodes plus prefill chunks under ``max_num_batched_tokens
+    = max(B, max_num_seqs)``, vLLM v1's scheduling).
+
+    Raises:
+        ValueError: on an invalid configuration (from ``SchedulerConfig``).
+    """
+    from roseinfer.experiments.sweep import apply_overrides
+
+    budget = {"policy": "budget", "prefill_max_tokens": budget_tokens}
+    variants: dict[str, dict[str, Any]] = {
+        "fifo": {"policy": "fifo"},
+        f"budget-{budget_tokens}": budget,
+        f"pack-{budget_tokens}+ff{force_fifo_every}": {
+            **budget,
+            "policy": "pack",
+            "force_fifo_every": force_fifo_every,
+        },  # fmt: skip
+        f"budget-{budget_tokens}/decode-first": {**budget, "loop_order": "decode-first"},
+        f"mixed-{budget_tokens}": {
+            "policy": "fifo",
+            "loop_order": "mixed",
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": max(budget_tokens, base.max_num_seqs),
+        },  # fmt: skip
+    }
+    return [Combination(name, apply_overrides(base, knobs)) for name, knobs in variants.items()]
 
 
 def simulate_output(

@@ -33,7 +33,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 import math
+import sys
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,25 +64,86 @@ def apply_overrides(
     """``base`` with scheduler fields and policy knobs replaced: a key is a
     :class:`SchedulerConfig` field or a knob some registered plugin declares
     (``lookahead``, ``force_fifo_every``, ``chunk_head``, ``length_predictor``,
-    ``vtc_output_weight``, ...).
+    ``vtc_output_weight``, ...). Values are checked as the flags check them: a knob
+    by its declared :class:`~roseinfer.interface.PolicyOption` (type, range,
+    choices), a config field by its type, then the config's own rules.
 
     Raises:
-        ValueError: on a key that is neither a config field nor a declared knob.
+        ValueError: on a key that is neither a config field nor a declared knob, or a
+            value of the wrong type or out of range (naming the key).
     """
-    knob_names = set((registry or load_registry()).all_option_specs())
+    specs = (registry or load_registry()).all_option_specs()
     config_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
     overrides = {k: v for k, v in overrides.items() if k not in ROUTER_KEYS}
-    knobs = {k: v for k, v in overrides.items() if k in knob_names}
-    cfg = {k: v for k, v in overrides.items() if k in config_fields}
+    knobs = {k: _knob(specs[k], v) for k, v in overrides.items() if k in specs}
+    cfg = {k: _config_value(k, v) for k, v in overrides.items() if k in config_fields}
     unknown = set(overrides) - set(knobs) - set(cfg)
     if unknown:
-        known = sorted(config_fields | knob_names)
+        known = sorted(config_fields | set(specs))
         raise ValueError(
             f"unknown sweep keys {sorted(unknown)}; known: {known + list(ROUTER_KEYS)}"
         )
     if knobs:
         cfg["options"] = base.options.replace(**knobs)
     return dataclasses.replace(base, **cfg)
+
+
+_NOT_IN_VARIANTS = ("options", "kv_tiers")  # set through knobs / the command line
+
+
+def _knob(spec: Any, value: Any) -> Any:
+    """``value`` converted by the knob's declared option; ValueError naming the key."""
+    try:
+        return spec.convert(value)
+    except ValueError as err:
+        raise ValueError(f"{spec.name} = {_echo(value)}: {err}") from None
+
+
+def _config_value(name: str, value: Any) -> Any:
+    """``value`` when it has the type of :class:`SchedulerConfig` field ``name``."""
+    if name in _NOT_IN_VARIANTS:
+        raise ValueError(f"{name} cannot be set by a sweep variant; give the knobs themselves")
+    hint = typing.get_type_hints(SchedulerConfig)[name]
+    kinds = typing.get_args(hint) or (hint,)
+    if value is None and type(None) in kinds:
+        return None
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }
+    if any(ok.get(kind, False) for kind in kinds):
+        return value
+    what = " or ".join("null" if k is type(None) else _KIND_WORDS[k] for k in kinds)
+    raise ValueError(f"{name} must be {what}, got {_echo(value)}")
+
+
+_KIND_WORDS = {bool: "true or false", int: "an integer", str: "a string"}
+
+
+def _echo(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def check_variants(
+    variants: Mapping[str, Mapping[str, Any]], base: SchedulerConfig, registry: Registry
+) -> None:
+    """Check every variant before anything runs: its keys and values
+    (:func:`apply_overrides`) and the policy they build (a knob only the policy
+    checks), so a bad grid fails at once and names the variant, never at some load
+    as a fault of the plugin.
+
+    Raises:
+        ValueError: ``variant 'LABEL': ...``, one line.
+    """
+    for label, overrides in variants.items():
+        try:
+            config = apply_overrides(base, overrides, registry)
+            registry.make(config.policy, config.loop_order, config.options)
+        except (ValueError, KeyError) as err:
+            detail = err.args[0] if isinstance(err, KeyError) and err.args else err
+            raise ValueError(f"variant {str(label)[:40]!r}: {detail}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,8 +443,8 @@ def run_grid(
     inputs = GridInputs(list(requests), base, cost_model, burstiness, goodput,
                         kv_bytes_per_token, kv_transfer_link, num_gpus_per_replica)  # fmt: skip
     checked = registry if registry is not None else load_registry()
-    for point in points:  # fail fast on a bad key or router knob, before any task starts
-        apply_overrides(base, point.overrides)
+    check_variants(variants, base, checked)  # fail fast, before any task starts
+    for point in points:
         if point.num_replicas > 1 or "router" in point.overrides:
             point_router(point, checked)
     rows = map_points(
@@ -414,13 +478,19 @@ def map_points(
     progress: bool = True,
 ) -> list[dict]:
     """``[fn(item, inputs) for item in items]``, serially or as Ray tasks, with
-    a progress bar; results keep the order of ``items``.
+    a progress bar; results keep the order of ``items``. With ``progress``, one
+    line on stderr first says which backend runs them (``auto`` picks Ray when
+    it is installed); Ray's own logging stays at warnings, in this process only.
 
     Raises:
         ValueError / ImportError: see :func:`resolve_backend`.
     """
+    chosen = resolve_backend(backend)
+    if progress:
+        where = "this process" if chosen == "serial" else (ray_address or "a local Ray cluster")
+        print(f"sweep: {len(items)} points, backend {chosen} ({where})", file=sys.stderr)
     bar = tqdm(total=len(items), disable=not progress, desc="sweep", unit="point")
-    if resolve_backend(backend) == "serial":
+    if chosen == "serial":
         out = []
         for item in items:
             out.append(fn(item, inputs))
@@ -430,7 +500,10 @@ def map_points(
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        ray.init(
+            address=ray_address, ignore_reinit_error=True, log_to_driver=False,
+            logging_level=logging.WARNING,
+        )  # fmt: skip
     remote = ray.remote(fn)
     shared = ray.put(inputs)
     futures = [remote.remote(item, shared) for item in items]

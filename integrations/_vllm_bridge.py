@@ -3,8 +3,8 @@
 Everything here runs without vLLM installed (the main test suite checks it):
 reading ``ROSEINFER_POLICY_ARGS`` and checking it against what vLLM can honour,
 turning a vLLM request's fields into a roseinfer :class:`~roseinfer.request.Request`,
-the read-only views handed to a policy, and the check of a policy's answer
-(the same rules and messages as :class:`roseinfer.scheduler.Scheduler`).
+and the view of vLLM's running requests handed to a policy. A policy's answers are
+checked by :mod:`roseinfer.contract`, as roseinfer's own scheduler checks them.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from typing import Any
 
 from roseinfer.interface import (
     AdmissionPolicy,
-    Budget,
     ComposedPolicy,
-    PolicyContext,
-    PolicyError,
     PolicyOptions,
     PolicyWrapper,
 )
-from roseinfer.registry import Registry, UnknownPolicyError
+from roseinfer.registry import Registry
 from roseinfer.request import Request, SamplingParams
-from roseinfer.sequence import SeqStatus, Sequence
+from roseinfer.sequence import Sequence
 
 ENV_POLICY_ARGS = "ROSEINFER_POLICY_ARGS"
 """Environment variable holding rose-sim's policy flags for the vLLM scheduler class."""
@@ -77,7 +74,7 @@ def parse_policy_env(text: str | None, registry: Registry) -> PolicySettings:
     Raises:
         ConfigError: one line naming the variable, the problem and the fix.
     """
-    from roseinfer.cli import CliError, parse_policy_args
+    from roseinfer.policy_args import parse_policy_args
 
     text = text or ""
     where = f"{ENV_POLICY_ARGS}={text!r}"
@@ -89,7 +86,7 @@ def parse_policy_env(text: str | None, registry: Registry) -> PolicySettings:
         policy, loop_order, options, max_tokens, max_seqs = parse_policy_args(
             argv, registry, source=ENV_POLICY_ARGS, engine="vLLM", preset="vllm-v1"
         )
-    except (CliError, UnknownPolicyError) as err:
+    except ValueError as err:  # PolicyArgsError, UnknownPolicyError, a plugin's own knob check
         raise ConfigError(f"{where}: {_one_line(err)}") from None
     if loop_order != VLLM_LOOP_ORDER:
         given = "--loop-order" if "--loop-order" in text else "--scheduler-preset"
@@ -265,26 +262,6 @@ def make_request(
 
 
 # --------------------------------------------------------------------- views
-class SeqView(SequenceABC[Sequence]):
-    """Read-only view of the waiting queue handed to a policy (no copy)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: SequenceABC[Sequence]) -> None:
-        self._items = items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        if isinstance(index, slice):  # a deque takes no slices
-            return [self._items[i] for i in range(*index.indices(len(self._items)))]
-        return self._items[index]
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._items)
-
-
 class RunningView(SequenceABC[Sequence]):
     """Read-only view of vLLM's running requests as roseinfer sequences, each
     brought up to date (``sync``) when a policy reads it: a policy that never looks
@@ -306,121 +283,3 @@ class RunningView(SequenceABC[Sequence]):
 
     def __iter__(self) -> Iterator[Sequence]:
         return map(self._sync, self._requests)
-
-
-# ---------------------------------------------------------------- validation
-def validated(
-    selection: object,
-    budget: Budget,
-    ctx: PolicyContext,
-    *,
-    live: Mapping[str, Sequence],
-    chunked_prefill: bool,
-    where: str,
-) -> Iterator[tuple[Sequence, int | None]]:
-    """A policy's ``admit`` answer as ``(seq, chunk or None)`` pairs, checked with
-    the rules and messages of :class:`roseinfer.scheduler.Scheduler`.
-
-    Without a prompt-token budget or explicit chunks each choice is checked as it
-    is taken (admission stops at the first request that cannot start, so the rest
-    are never walked); otherwise the whole answer is checked first.
-
-    Args:
-        live: waiting and running sequences by request id.
-        chunked_prefill: whether explicit chunks are allowed.
-        where: names the policy in messages (``"policy 'fifo'"``).
-
-    Raises:
-        PolicyError: naming the policy and what is wrong.
-    """
-    if not isinstance(selection, list):
-        raise PolicyError(f"{where} returned {type(selection).__name__}, expected a list")
-    if len(selection) > budget.max_seqs:
-        raise PolicyError(
-            f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
-        )
-    checked = _checked_choices(where, selection, budget, ctx, live, chunked_prefill)
-    if budget.max_tokens is None and not any(isinstance(c, tuple) for c in selection):
-        return checked
-    choices = list(checked)
-    if len(choices) > 1 and budget.max_tokens is not None:
-        total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
-        if total > budget.max_tokens:
-            raise PolicyError(
-                f"{where} selected {total} prompt tokens over a budget of "
-                f"{budget.max_tokens} (only a single request may exceed it)"
-            )
-    return iter(choices)
-
-
-def _checked_choices(
-    where: str,
-    selection: list,
-    budget: Budget,
-    ctx: PolicyContext,
-    live: Mapping[str, Sequence],
-    chunked_prefill: bool,
-) -> Iterator[tuple[Sequence, int | None]]:
-    seen: set[int] = set()
-    explicit = 0
-    for choice in selection:
-        seq, num_tokens = _choice(where, choice, seen, ctx, live, chunked_prefill)
-        seen.add(seq.seq_id)
-        explicit += num_tokens or 0
-        if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
-            raise PolicyError(
-                f"{where} asked for {explicit} chunk tokens; the step has "
-                f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
-            )
-        yield seq, num_tokens
-
-
-def _choice(
-    where: str,
-    choice: object,
-    seen: set[int],
-    ctx: PolicyContext,
-    live: Mapping[str, Sequence],
-    chunked_prefill: bool,
-) -> tuple[Sequence, int | None]:
-    seq, num_tokens = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
-    if not isinstance(seq, Sequence) or live.get(seq.request_id) is not seq:
-        raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
-    if seq.seq_id in seen:
-        raise PolicyError(f"{where} selected {seq!r} twice")
-    if seq.status is not SeqStatus.WAITING:
-        raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
-    if num_tokens is None:
-        return seq, None
-    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
-        raise PolicyError(f"{where} gave {seq!r} a chunk of {num_tokens!r}; expected an int")
-    if not chunked_prefill:
-        raise PolicyError(f"{where} asked for a chunk of {seq!r} but chunked prefill is off")
-    cost = ctx.cost(seq)
-    if not 0 < num_tokens <= cost:
-        raise PolicyError(
-            f"{where} gave {seq!r} a chunk of {num_tokens} tokens; expected 1..{cost} "
-            "(its uncached tokens)"
-        )
-    return seq, num_tokens
-
-
-def named(answer: object, *, live: Mapping[str, Sequence], where: str, what: str) -> list[Sequence]:
-    """A ``preempt``/``drop`` answer, checked as the roseinfer scheduler does: a list
-    of distinct sequences this scheduler holds.
-
-    Raises:
-        PolicyError: naming the policy and what is wrong.
-    """
-    if not isinstance(answer, list):
-        raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
-    seen: set[int] = set()
-    for seq in answer:
-        if not isinstance(seq, Sequence) or live.get(seq.request_id) is not seq:
-            raise PolicyError(
-                f"{where} asked to {what} {seq!r}, which this scheduler does not hold"
-            )
-        if seq.seq_id in seen:
-            raise PolicyError(f"{where} asked to {what} {seq!r} twice")
-        seen.add(seq.seq_id)
-    return answer

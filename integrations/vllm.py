@@ -97,15 +97,12 @@ from roseinfer.integrations._vllm_bridge import (
     ConfigError,
     PolicySettings,
     RunningView,
-    SeqView,
     VllmSeq,
     check_vllm_config,
     make_request,
-    named,
     overrides_victim,
     parse_policy_env,
     unfitted_predictor_warning,
-    validated,
 )
 
 
@@ -139,6 +136,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs  # type: ignore[i
 from vllm.v1.request import Request as VllmRequest  # type: ignore[import-not-found]  # noqa: E402
 from vllm.v1.request import RequestStatus  # type: ignore[import-not-found]  # noqa: E402
 
+from roseinfer.contract import ReadOnlyView, checked_admission, checked_named  # noqa: E402
 from roseinfer.interface import (  # noqa: E402
     Budget,
     PolicyContext,
@@ -147,7 +145,7 @@ from roseinfer.interface import (  # noqa: E402
     StepReport,
 )
 from roseinfer.registry import Registry, load_registry  # noqa: E402
-from roseinfer.sequence import SeqStatus  # noqa: E402
+from roseinfer.sequence import SeqStatus, Sequence  # noqa: E402
 
 __all__ = ["ConfigError", "PolicyQueue", "Scheduler", "VLLM_VERSION"]
 
@@ -159,6 +157,14 @@ MAX_VICTIMS = 8
 
 _WAITING = SeqStatus.WAITING
 _RUNNING = SeqStatus.RUNNING
+
+
+def _vllm_status(seq: Sequence) -> SeqStatus:
+    """A :class:`VllmSeq`'s state as vLLM holds it (running or not), for the preempt check."""
+    running = getattr(seq, "vllm_request", None) is not None and (
+        seq.vllm_request.status == RequestStatus.RUNNING  # type: ignore[attr-defined]
+    )
+    return _RUNNING if running else _WAITING
 
 
 class PolicyQueue(RequestQueue):
@@ -511,7 +517,7 @@ class PolicyDriver:
             num_free_blocks=ctx.num_free_blocks,
             max_batched_tokens=int(batched),
         )
-        selection = self.policy.admit(SeqView(queue.items), budget, ctx)
+        selection = self.policy.admit(ReadOnlyView(queue.items), budget, ctx)
         if isinstance(selection, list) and not (
             selection or sched.running or sched.kv_holding_waiting
         ):
@@ -519,7 +525,7 @@ class PolicyDriver:
                 f"{self.where} admitted nothing with {len(queue.items)} requests waiting "
                 "and nothing running; the run would never finish"
             )
-        choices = validated(
+        choices = checked_admission(
             selection,
             budget,
             ctx,
@@ -612,21 +618,17 @@ class PolicyDriver:
         policy, sched, queue = self.policy, self.sched, self.queue
         if policy.may_drop:
             ctx = self._context(now_s, self._seats())
-            answer = policy.drop(SeqView(queue.items), ctx)
-            victims: list[Any] = named(answer, live=self.seqs, where=self.where, what="drop")
-            for seq in victims:
-                if seq.status is not _WAITING:
-                    raise PolicyError(f"{self.where} asked to drop {seq!r}, which is not waiting")
+            answer = policy.drop(ReadOnlyView(queue.items), ctx)
+            victims: list[Any] = checked_named(answer, live=self.seqs, where=self.where,
+                                               what="drop")  # fmt: skip
             if victims:
                 ids = [seq.request_id for seq in victims]
                 self.ended += sched.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
         if not policy.may_preempt or not queue.items or not sched.running:
             return
-        answer = policy.preempt(SeqView(queue.items), self._context(now_s, self._seats()))
-        victims = list(named(answer, live=self.seqs, where=self.where, what="preempt"))
-        for seq in victims:
-            if seq.vllm_request.status != RequestStatus.RUNNING:
-                raise PolicyError(f"{self.where} asked to preempt {seq!r}, which is not running")
+        answer = policy.preempt(ReadOnlyView(queue.items), self._context(now_s, self._seats()))
+        victims = list(checked_named(answer, live=self.seqs, where=self.where, what="preempt",
+                                     status_of=_vllm_status))  # fmt: skip
         stamp = time.monotonic()
         for seq in reversed(victims):  # the first named ends at the head of the queue
             sched.running.remove(seq.vllm_request)

@@ -198,7 +198,7 @@ EFFECTS: tuple[Effect, ...] = (
     Effect("sjf", "--policy sjf --length-predictor oracle", "mean E2EL",
            "sjf (oracle lengths) lowers mean E2EL"),
 )  # fmt: skip
-"""The three effects of issue 15, each against ``fifo`` on the same requests."""
+"""The three policy effects, each against ``fifo`` on the same requests."""
 
 
 def figures(records: pd.DataFrame) -> dict[str, float]:

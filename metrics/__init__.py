@@ -23,6 +23,10 @@ _EXPORTS: dict[str, str] = {
     "Column": "schema",
     "DEFAULT_PERCENTILES": "summary",
     "LATENCY_METRICS": "summary",
+    "MAX_EXTRAPOLATION": "schema",
+    "MAX_EXTRAPOLATION_AXIS": "schema",
+    "MAX_REJECTED_SHARE": "summary",
+    "STEPS_OUTSIDE_FIT_SHARE": "schema",
     "LogHistogram": "histogram",
     "NO_TENANT": "fairness",
     "RECORD_SUFFIXES": "io",
@@ -46,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "service_fairness": "classes",
     "slo_met": "classes",
     "summarize": "summary",
+    "summary_warnings": "summary",
     "tenant_fair_share": "fairness",
     "tenant_fairness": "fairness",
     "tenant_service": "classes",
@@ -83,15 +88,26 @@ if TYPE_CHECKING:
     from .histogram import LogHistogram
     from .io import RECORD_SUFFIXES, check_output_path, escape_formula, write_records, write_result
     from .plots import plot_cdf, plot_p99_vs_rate, plot_sim_vs_real, plot_tenant_ttft
-    from .schema import COLUMNS, SCHEMA, STATUSES, Column, validate_records
+    from .schema import (
+        COLUMNS,
+        MAX_EXTRAPOLATION,
+        MAX_EXTRAPOLATION_AXIS,
+        SCHEMA,
+        STATUSES,
+        STEPS_OUTSIDE_FIT_SHARE,
+        Column,
+        validate_records,
+    )
     from .summary import (
         DEFAULT_PERCENTILES,
         LATENCY_METRICS,
+        MAX_REJECTED_SHARE,
         SLO_METRICS,
         format_summary,
         latency_values_ms,
         parse_goodput,
         summarize,
+        summary_warnings,
     )
 
 __all__ = [
@@ -100,9 +116,13 @@ __all__ = [
     "RECORD_SUFFIXES",
     "DEFAULT_PERCENTILES",
     "LATENCY_METRICS",
+    "MAX_EXTRAPOLATION",
+    "MAX_EXTRAPOLATION_AXIS",
+    "MAX_REJECTED_SHARE",
     "NO_TENANT",
     "SCHEMA",
     "SLO_METRICS",
+    "STEPS_OUTSIDE_FIT_SHARE",
     "VTC_WEIGHTS",
     "STATUSES",
     "Column",
@@ -122,6 +142,7 @@ __all__ = [
     "service_fairness",
     "slo_met",
     "summarize",
+    "summary_warnings",
     "tenant_fair_share",
     "tenant_fairness",
     "tenant_service",

@@ -128,7 +128,7 @@ def service_fairness(
 ) -> float:
     """Deprecated name of :func:`roseinfer.metrics.fairness.fair_share_fairness`
     (Jain's index over each tenant's service normalized by its max-min fair
-    share). Until issue 18 it was Jain's index over the tenants' total service,
+    share). Before, it was Jain's index over the tenants' total service,
     which a drained run makes the same for every policy (the demand imbalance).
 
     ``window_s`` here is the window length in seconds (it was a (start, end)

@@ -36,6 +36,7 @@ workload, vtc included).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -45,6 +46,20 @@ from numpy.typing import ArrayLike
 from .schema import validate_records
 
 NO_TENANT = "(none)"  # label for requests whose tenant is None
+MAX_LABEL_CHARS = 48
+"""Longest tenant label a table shows: a longer one keeps its first characters and a
+short hash of the whole (two long tenants stay apart; a 100k-character tenant no
+longer prints 100k-character lines)."""
+
+
+def short_label(text: str, max_chars: int = MAX_LABEL_CHARS) -> str:
+    """``text``, or when longer than ``max_chars`` its start, ``...`` and 8 hex digits
+    of its BLAKE2b hash (``max_chars`` characters in all)."""
+    if len(text) <= max_chars:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{text[: max_chars - 11]}...{digest}"
+
 
 VTC_WEIGHTS = (1.0, 2.0)
 """(input, output) token weights of service, VTC's defaults (Sheng et al., OSDI 2024)."""
@@ -103,7 +118,8 @@ def per_tenant(df: pd.DataFrame) -> pd.DataFrame:
     """Per-tenant latency and service breakdown of a run's records.
 
     Returns:
-        One row per tenant (sorted; ``None`` tenants as ``"(none)"``) with
+        One row per tenant (sorted; ``None`` tenants as ``"(none)"``, labels over
+        :data:`MAX_LABEL_CHARS` shortened by :func:`short_label`) with
         ``tenant``, ``num_requests``, ``completed``, ``rejected``,
         ``mean_ttft_ms``, ``p99_ttft_ms``, ``mean_e2el_ms``, ``p99_e2el_ms``,
         ``mean_norm_latency_ms`` (E2EL per output token, ms/token),
@@ -130,6 +146,7 @@ def per_tenant(df: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     out.insert(3, "rejected", out["num_requests"] - out["completed"])
+    out["tenant"] = [short_label(t) for t in out["tenant"]]
     out["num_output_tokens"] = out["num_output_tokens"].astype(np.int64)
     total = out["num_output_tokens"].sum()
     out["output_token_share"] = out["num_output_tokens"] / total if total else math.nan

@@ -47,8 +47,12 @@ class LogHistogram:
         values = values[~np.isnan(values)]
         if values.size == 0:
             return
-        index = np.log(np.clip(values, _MIN_S, _MAX_S) / _MIN_S) / self._log_base
-        np.add.at(self._counts, index.astype(np.int64), 1)
+        index = (np.log(np.clip(values, _MIN_S, _MAX_S) / _MIN_S) / self._log_base).astype(np.int64)
+        # NOTE: bincount counts as np.add.at(counts, index, 1) does, 10x faster; over
+        # the buckets in use only (not all 184k: 1.5 MB a call)
+        low = int(index.min())
+        counts = np.bincount(index - low)
+        self._counts[low : low + counts.size] += counts
         n, mean = values.size, float(values.mean())
         m2 = float(((values - mean) ** 2).sum())
         total = self.count + n

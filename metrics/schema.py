@@ -69,6 +69,15 @@ COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
 OPTIONAL_COLUMNS: tuple[str, ...] = tuple(c.name for c in OPTIONAL_SCHEMA)
 STATUSES: tuple[str, ...] = ("finished", "rejected")
 
+# Result-file keys a simulator writes for a fitted cost model (read by the summary).
+STEPS_OUTSIDE_FIT_SHARE = "cost_model_steps_outside_fit_share"
+"""Share of simulated steps a fitted cost model priced outside the step shapes it was
+fitted on."""
+MAX_EXTRAPOLATION = "cost_model_max_extrapolation"
+"""The largest factor by which a priced step exceeded the fitted range (1.0: none)."""
+MAX_EXTRAPOLATION_AXIS = "cost_model_max_extrapolation_axis"
+"""The axis of that factor (prefill tokens, decode sequences, context tokens)."""
+
 
 def validate_records(df: pd.DataFrame) -> None:
     """Check that ``df`` has every schema column and only known statuses.

@@ -29,7 +29,12 @@ import numpy as np
 import pandas as pd
 
 from .histogram import LogHistogram
-from .schema import validate_records
+from .schema import (
+    MAX_EXTRAPOLATION,
+    MAX_EXTRAPOLATION_AXIS,
+    STEPS_OUTSIDE_FIT_SHARE,
+    validate_records,
+)
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
 SLO_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")  # vLLM's --goodput names
@@ -309,6 +314,53 @@ def _num_good(done: pd.DataFrame, slos_ms: Mapping[str, float]) -> int:
     return int(good.sum())
 
 
+# ------------------------------------------------------------------ warnings
+MAX_REJECTED_SHARE = 0.01
+"""Above this share of rejected requests a summary warns: its latencies then describe
+only the requests that got through, not the workload."""
+
+
+def summary_warnings(result: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[str]:
+    """Warnings a reader of a run's figures must not miss, one line each.
+
+    - more than :data:`MAX_REJECTED_SHARE` of the requests were rejected (the most
+      common ``reject_reason`` named when ``records`` are given);
+    - a fitted cost model priced steps outside the shapes it was fitted on
+      (:data:`STEPS_OUTSIDE_FIT_SHARE`, :data:`MAX_EXTRAPOLATION`).
+
+    Args:
+        result: a flat result (``summarize`` output plus run facts).
+        records: the run's records, to name why requests were rejected.
+    """
+    out: list[str] = []
+    rejected, total = int(result.get("rejected", 0)), int(result.get("num_requests", 0))
+    if total and rejected > MAX_REJECTED_SHARE * total:
+        why = _common_reason(records)
+        out.append(
+            f"{rejected:,} of {total:,} requests ({rejected / total:.1%}) were rejected"
+            f"{why}; the latencies describe only the {total - rejected:,} completed"
+        )
+    share = result.get(STEPS_OUTSIDE_FIT_SHARE)
+    if isinstance(share, float | int) and share > 0:
+        factor, axis = result.get(MAX_EXTRAPOLATION, math.nan), result.get(MAX_EXTRAPOLATION_AXIS)
+        out.append(
+            f"{share:.1%} of steps were priced outside the step shapes the cost model was "
+            f"fitted on (up to {factor:.3g}x its largest {axis}); their times are "
+            "extrapolations: calibrate on steps as large as the run's"
+        )
+    return out
+
+
+def _common_reason(records: pd.DataFrame | None) -> str:
+    if records is None or "reject_reason" not in records:
+        return ""
+    reasons = records.loc[records["status"] == "rejected", "reject_reason"]
+    if reasons.empty:
+        return ""
+    top = reasons.value_counts()
+    return f" (most: {str(top.index[0])[:120]}, {int(top.iloc[0]):,} requests)"
+
+
 # ---------------------------------------------------------------- text table
 _WIDTH = 50
 
@@ -343,7 +395,9 @@ def format_summary(
     """A vLLM-bench-style text table of a ``summarize`` result.
 
     Lines whose key is absent are left out (e.g. goodput without SLOs); the
-    latency blocks show Mean, Median and every ``p{N}`` key present, in ms.
+    latency blocks show Mean, Median and every ``p{N}`` key present, in ms. With
+    rejected requests a line says the latencies cover the completed ones only, and
+    :func:`summary_warnings` close the table (``Warning: ...``).
     """
     banner = f" {title} "
     lines = [f"{banner:=^{max(_WIDTH, len(banner) + 4)}}"]  # long titles keep some '='
@@ -352,8 +406,12 @@ def format_summary(
             value = summary[key] * scale if scale != 1.0 else summary[key]
             lines.append(f"{label:<40} {value:<10{spec}}")
     lines += _kv_tier_lines(summary)
+    if summary.get("rejected"):
+        covered = f"the {summary.get('completed', 0):,} completed requests only"
+        lines.append(f"{'Latencies below cover:':<40} {covered}")
     for metric, name, header in _SECTIONS:
         lines += _section_lines(summary, metric, name, header)
+    lines += [f"Warning: {w}" for w in summary_warnings(summary)]
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
 
@@ -374,7 +432,8 @@ def _kv_tier_lines(summary: Mapping[str, Any]) -> list[str]:
         if key in summary:
             lines.append(f"{label:<40} {summary[key] / 2**30:<10.2f}")
     if "kv_load_time_s" in summary:
-        lines.append(f"{'  KV load time, priced (s):':<40} {summary['kv_load_time_s']:<10.3f}")
+        label = "  KV load time at tier bandwidth (s):"  # NOTE: bytes / bandwidth, not measured
+        lines.append(f"{label:<40} {summary['kv_load_time_s']:<10.3f}")
     return lines
 
 

@@ -24,6 +24,10 @@ from roseinfer.interface import (
 from roseinfer.sequence import Sequence as Seq
 
 Tenant = str | None
+MAX_VTC_WEIGHT = 1e6
+"""Largest counter weight of a token: weights are price ratios of tokens (the paper's
+1 and 2), so 1e6 is beyond any; it keeps every counter finite (1e6 x 2^63 tokens is
+far below 1e308), where weights of 1e308 overflowed to inf and made vtc a fifo."""
 
 
 class VirtualTokenCounter(AdmissionPolicy):
@@ -52,11 +56,11 @@ class VirtualTokenCounter(AdmissionPolicy):
     option_specs = (
         PolicyOption(
             "vtc_input_weight", float, 1.0, "vtc: counter weight of a prompt token (w_p)",
-            minimum=0.0,
+            minimum=0.0, maximum=MAX_VTC_WEIGHT,
         ),
         PolicyOption(
             "vtc_output_weight", float, 2.0, "vtc: counter weight of an output token (w_q)",
-            minimum=0.0,
+            minimum=0.0, maximum=MAX_VTC_WEIGHT,
         ),
         CHUNK_HEAD_OPTION,
     )  # fmt: skip
@@ -67,9 +71,10 @@ class VirtualTokenCounter(AdmissionPolicy):
         self._backlogged: set[Tenant] = set()
         self._last_left = 0.0
         self._weights = (self.opt("vtc_input_weight"), self.opt("vtc_output_weight"))
-        if min(self._weights) < 0:
+        if not any(self._weights):
             raise ValueError(
-                f"--vtc-input-weight/--vtc-output-weight must be >= 0, got {self._weights}"
+                "--vtc-input-weight and --vtc-output-weight are both 0: no service would "
+                "count and vtc would admit as fifo; give one a weight > 0"
             )
 
     def input_warnings(self, requests: Sequence[Any], config: Any = None) -> list[str]:

@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from roseinfer.interface import Budget, Choice, PolicyContext
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # NOTE: types only: interface.py imports this module
+    from roseinfer.interface import Budget, Choice, PolicyContext
     from roseinfer.sequence import Sequence as Seq
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 
@@ -92,6 +91,9 @@ def compute_block_hashes(
 
 
 _PREFIX_KEY_SHIFT = 20  # block index bits in a Mooncake block key (prompts < 2**20 blocks)
+COMPILED = not __file__.endswith(".py")  # built by setup.py: loops instead of numpy calls
+_MASK64 = (1 << 64) - 1
+_FMIX1, _FMIX2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53  # MurmurHash3's fmix64 (Appleby)
 
 
 def _prefix_id_hashes(
@@ -101,6 +103,12 @@ def _prefix_id_hashes(
     whose last token lies in hash block ``id`` (negative, and distinct for
     distinct (id, i), vectorized); the tuple hash where ids are too large."""
     last = len(hash_ids) - 1
+    if COMPILED and num_full < 1 << _PREFIX_KEY_SHIFT and _small_ids(hash_ids):
+        block_keys: list[int] = []  # the same keys, block by block (no numpy per request)
+        for i in range(num_full):
+            key = hash_ids[min(((i + 1) * block_size - 1) // span, last)]
+            block_keys.append(-((key << _PREFIX_KEY_SHIFT) | i) - 1)
+        return block_keys
     owner = np.minimum((np.arange(1, num_full + 1) * block_size - 1) // span, last)
     ids = np.asarray(hash_ids)
     if (
@@ -112,6 +120,14 @@ def _prefix_id_hashes(
         return [hash(("prefix", hash_ids[k], i)) for i, k in enumerate(owner.tolist())]
     keys = -((ids[owner].astype(np.int64) << _PREFIX_KEY_SHIFT) | np.arange(num_full)) - 1
     return keys.tolist()
+
+
+def _small_ids(hash_ids: SequenceABC[int]) -> bool:
+    """True when every id is an int in ``[0, 2**40)`` (a Mooncake key then fits 60 bits)."""
+    for key in hash_ids:  # noqa: SIM110 - a loop beats all() on a generator
+        if type(key) is not int or not 0 <= key < 1 << 40:
+            return False
+    return True
 
 
 class BlockManager:
@@ -160,17 +176,28 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         # Per-block state exists only for blocks taken at least once (ids below
-        # len(self._ref_counts)); ids above are fresh: free, plain, never touched.
-        # Memory follows the blocks in use, not the pool size.
-        self._ref_counts: list[int] = []
-        self._block_hash: list[int | None] = []
+        # _num_touched); ids above are fresh: free, plain, never touched. The
+        # typed arrays grow by doubling, so memory follows the blocks in use.
+        self._num_touched = 0
+        self._capacity = 0
+        self._refs = array("i")  # references per block
+        self._block_hash: list[int | None] = []  # the hash a block holds, or None
         self._hash_to_block: dict[int, int] = {}
+        # NOTE: the compiled core keeps the index in a typed table instead, until a
+        # hash does not fit 64 bits (SHA-256 of token ids: then the dict); tiers
+        # look blocks up by hash in their own dicts, so they keep the dict too
+        self._table = _HashIndex() if COMPILED and kv_tiers is None else None
         # Free blocks once used: those holding nothing reusable (a stack, taken
-        # first, before fresh ids) and cached ones still indexed by hash (LRU
-        # order, evicted oldest first).
-        self._free_plain: list[int] = []
-        self._free_cached: OrderedDict[int, None] = OrderedDict()
-        self._tables: dict[int, list[int]] = {}
+        # first, before fresh ids) and cached ones still indexed by hash (an LRU
+        # list linked through _lru_prev/_lru_next, evicted oldest first).
+        self._plain = array("i")  # stack; its first _num_plain entries are used
+        self._num_plain = 0
+        self._lru_prev = array("i")
+        self._lru_next = array("i")
+        self._lru_head = -1
+        self._lru_tail = -1
+        self._num_free_cached = 0
+        self._tables: dict[int, array] = {}  # seq_id -> block ids (array "i")
         self._num_registered: dict[int, int] = {}  # seq_id -> prompt blocks hashed so far
         self._num_evictions = 0  # bumps whenever a cached block loses its hash
         self.num_queried_tokens = 0  # prompt tokens looked up at first admissions
@@ -194,18 +221,20 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no reference (including evictable cached blocks)."""
-        return (
-            self.num_blocks - len(self._ref_counts) + len(self._free_plain) + len(self._free_cached)
-        )
+        return self._num_free()
+
+    def _num_free(self) -> int:
+        return self.num_blocks - self._num_touched + self._num_plain + self._num_free_cached
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks referenced by at least one request."""
-        return self.num_blocks - self.num_free_blocks
+        return self.num_blocks - self._num_free()
 
     def block_table(self, seq: Sequence) -> list[int]:
-        """The block ids of ``seq`` in position order (empty if it holds none)."""
-        return self._tables.get(seq.seq_id, [])
+        """The block ids of ``seq`` in position order (a copy; empty if it holds none)."""
+        table = self._tables.get(seq.seq_id)
+        return [] if table is None else table.tolist()
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
@@ -240,6 +269,17 @@ class BlockManager:
             seq.prefix_hit = _PrefixHit(self._num_evictions, hits)
         if len(hits) > max_hit:
             del hits[max_hit:]
+        table = self._table
+        if table is not None:
+            try:
+                for i in range(len(hits), max_hit):
+                    found = table.get(hashes[i])
+                    if found < 0:
+                        break
+                    hits.append(found)
+            except OverflowError:  # a hash beyond 64 bits is not in the table
+                pass
+            return hits
         index = self._hash_to_block
         for i in range(len(hits), max_hit):
             block = index.get(hashes[i])
@@ -261,13 +301,19 @@ class BlockManager:
                     if h not in index and h not in slots:
                         return i
                 return len(hashes)
-            in_tiers = self._in_tiers
             for i, h in enumerate(hashes):
-                if h not in index and not in_tiers(h):
+                if h not in index and not self._in_tiers(h):
                     return i
             return len(hashes)
+        table = self._table
         for i, h in enumerate(hashes):
-            if h not in index:
+            if table is not None:
+                try:
+                    if table.get(h) < 0:
+                        return i
+                except OverflowError:  # beyond 64 bits: not in the table
+                    return i
+            elif h not in index:
                 return i
         return len(hashes)
 
@@ -281,16 +327,14 @@ class BlockManager:
         all ``seq.num_tokens``) can be had now, prefix hits included."""
         hits = self.lookup(seq)
         num_tokens = seq.num_tokens if num_tokens is None else num_tokens
-        if self._tiers is not None:
-            refs = self._ref_counts
-            on_device = [b for b in hits if b != DEVICE]  # a tier hit needs a new block
-            num_hits_free = sum(1 for b in on_device if refs[b] == 0)
-            return (
-                self.blocks_for(num_tokens) - len(on_device) <= self.num_free_blocks - num_hits_free
-            )
-        num_new = self.blocks_for(num_tokens) - len(hits)
-        num_hits_free = sum(1 for b in hits if self._ref_counts[b] == 0)
-        return num_new <= self.num_free_blocks - num_hits_free
+        refs = self._refs
+        num_hits = num_hits_free = 0
+        for block in hits:
+            if block != DEVICE:  # a tier hit needs a new block
+                num_hits += 1
+                if refs[block] == 0:
+                    num_hits_free += 1
+        return self.blocks_for(num_tokens) - num_hits <= self._num_free() - num_hits_free
 
     def allocate(self, seq: Sequence, num_tokens: int | None = None) -> int:
         """Give ``seq`` blocks for its first ``num_tokens`` tokens (default all),
@@ -310,11 +354,12 @@ class BlockManager:
             raise RuntimeError(f"not enough free KV blocks for {seq}")
         if self._tiers is not None:
             return self._allocate_tiered(seq, num_tokens)
-        table = list(self.lookup(seq))
+        hits = self.lookup(seq)
         seq.prefix_hit = None
-        for block in table:
+        for block in hits:
             self._ref(block)
-        num_hit = len(table)
+        num_hit = len(hits)
+        table = array("i", hits)
         table.extend(self._take(self.blocks_for(num_tokens) - num_hit))
         self._tables[seq.seq_id] = table
         seq.kv_slots = len(table) * self.block_size
@@ -322,15 +367,9 @@ class BlockManager:
         self._register(seq, num_tokens)
         return num_hit * self.block_size
 
-    def num_slots(self, seq: Sequence) -> int:
-        """Tokens ``seq``'s blocks can hold now (0 if it holds none): a decode
-        that stays within them needs no block operation. Also kept on the
-        sequence as ``seq.kv_slots`` for hot loops."""
-        return seq.kv_slots
-
     def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
         """True when ``seq``'s table can be extended to hold ``num_tokens`` tokens."""
-        return self.num_blocks_to_grow(seq, num_tokens) <= self.num_free_blocks
+        return self.num_blocks_to_grow(seq, num_tokens) <= self._num_free()
 
     def num_blocks_to_grow(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks ``seq`` needs to hold ``num_tokens`` tokens."""
@@ -346,9 +385,12 @@ class BlockManager:
         table = self._tables[seq.seq_id]
         num_new = -(-num_tokens // self.block_size) - len(table)
         if num_new > 0:
-            if num_new > self.num_free_blocks:
+            if num_new > self._num_free():
                 raise RuntimeError(f"not enough free KV blocks to grow {seq}")
-            table.extend(self._take(num_new))
+            if num_new == 1:  # a decode's next block, mostly
+                table.append(self._take_one())
+            else:
+                table.extend(self._take(num_new))
             seq.kv_slots = len(table) * self.block_size
         if self.enable_prefix_caching and self._num_registered[seq.seq_id] < min(
             len(self._hashes(seq)), num_tokens // self.block_size
@@ -361,16 +403,35 @@ class BlockManager:
         table = self._tables.pop(seq.seq_id, None)
         seq.kv_slots = 0
         self._num_registered.pop(seq.seq_id, None)
-        if table is None:
-            return
-        refs, hashes = self._ref_counts, self._block_hash
-        for block in reversed(table):
-            refs[block] -= 1
-            if refs[block] == 0:
+        if table is not None:
+            self._release(table)
+
+    def _release(self, table: array) -> None:
+        """Drop one reference to each block of ``table``, last block first: an
+        unreferenced block goes on the plain stack, or (holding a hash) to the
+        LRU tail."""
+        refs, hashes, plain = self._refs, self._block_hash, self._plain
+        prev, nxt = self._lru_prev, self._lru_next
+        num_plain, tail, num_cached = self._num_plain, self._lru_tail, 0
+        for i in range(len(table) - 1, -1, -1):
+            block = table[i]
+            left = refs[block] - 1
+            refs[block] = left
+            if left == 0:
                 if hashes[block] is None:
-                    self._free_plain.append(block)  # nothing to keep: reused first
-                else:
-                    self._free_cached[block] = None
+                    plain[num_plain] = block  # nothing to keep: reused first
+                    num_plain += 1
+                else:  # to the LRU tail (_lru_push, inline)
+                    prev[block] = tail
+                    nxt[block] = -1
+                    if tail >= 0:
+                        nxt[tail] = block
+                    else:
+                        self._lru_head = block
+                    tail = block
+                    num_cached += 1
+        self._num_plain, self._lru_tail = num_plain, tail
+        self._num_free_cached += num_cached
 
     def record_prefix_query(self, seq: Sequence, num_cached_tokens: int) -> None:
         """Count a first admission for the prefix-cache hit rate."""
@@ -390,48 +451,125 @@ class BlockManager:
 
     # ------------------------------------------------------------------ helpers
     def _ref(self, block: int) -> None:
-        if self._ref_counts[block] == 0:
-            del self._free_cached[block]  # a hit on a free cached block revives it
-        self._ref_counts[block] += 1
+        if self._refs[block] == 0:
+            self._lru_remove(block)  # a hit on a free cached block revives it
+        self._refs[block] += 1
 
-    def _take(self, num_blocks: int) -> list[int]:
+    def _lru_push(self, block: int) -> None:
+        """Append a free cached block at the LRU tail (evicted last)."""
+        tail = self._lru_tail
+        self._lru_prev[block] = tail
+        self._lru_next[block] = -1
+        if tail >= 0:
+            self._lru_next[tail] = block
+        else:
+            self._lru_head = block
+        self._lru_tail = block
+        self._num_free_cached += 1
+
+    def _lru_remove(self, block: int) -> None:
+        """Unlink a free cached block from the LRU list."""
+        prev, nxt = self._lru_prev[block], self._lru_next[block]
+        if prev >= 0:
+            self._lru_next[prev] = nxt
+        else:
+            self._lru_head = nxt
+        if nxt >= 0:
+            self._lru_prev[nxt] = prev
+        else:
+            self._lru_tail = prev
+        self._num_free_cached -= 1
+
+    def _lru_blocks(self) -> list[int]:
+        """The free cached blocks, least recently freed first."""
+        blocks: list[int] = []
+        block = self._lru_head
+        while block >= 0:
+            blocks.append(block)
+            block = self._lru_next[block]
+        return blocks
+
+    def _ensure_capacity(self, num_touched: int) -> None:
+        """Grow the per-block arrays to hold ``num_touched`` blocks (doubling)."""
+        old = self._capacity
+        if num_touched <= old:
+            return
+        capacity = min(self.num_blocks, max(num_touched, 2 * old, 64))
+        self._refs = _grown(self._refs, old, capacity)
+        self._plain = _grown(self._plain, old, capacity)
+        self._lru_prev = _grown(self._lru_prev, old, capacity)
+        self._lru_next = _grown(self._lru_next, old, capacity)
+        self._block_hash.extend([None] * (capacity - old))
+        self._capacity = capacity
+
+    def _take(self, num_blocks: int) -> array:
         """Take ``num_blocks`` free blocks (plain ones first, then fresh ids, then
-        LRU cached ones, whose cached content is evicted)."""
+        LRU cached ones, whose cached content is evicted), each with one reference."""
+        taken = array("i", bytes(4 * max(num_blocks, 0)))
         if num_blocks <= 0:
-            return []
-        plain, refs = self._free_plain, self._ref_counts
-        blocks = plain[-num_blocks:]
-        del plain[-num_blocks:]
-        for block in blocks:
+            return taken
+        num_plain = min(num_blocks, self._num_plain)
+        num_fresh = min(num_blocks - num_plain, self.num_blocks - self._num_touched)
+        first = self._num_touched
+        self._ensure_capacity(first + num_fresh)
+        ids = taken  # NOTE: typed as a view when compiled (block_manager.pxd)
+        refs, plain = self._refs, self._plain
+        start = self._num_plain - num_plain
+        for i in range(num_plain):  # the top of the stack, in stack order
+            block = plain[start + i]
+            ids[i] = block
             refs[block] = 1
-        short = num_blocks - len(blocks)
-        if short > 0:
-            start = len(refs)
-            num_fresh = min(short, self.num_blocks - start)
-            refs.extend([1] * num_fresh)
-            self._block_hash.extend([None] * num_fresh)
-            blocks.extend(range(start, start + num_fresh))
-            if short > num_fresh:
-                blocks.extend(self._evict(short - num_fresh))
-        return blocks
+        self._num_plain = start
+        for i in range(num_fresh):
+            ids[num_plain + i] = first + i
+            refs[first + i] = 1
+        self._num_touched = first + num_fresh
+        if num_plain + num_fresh < num_blocks:
+            self._evict(ids, num_plain + num_fresh)
+        return taken
 
-    def _evict(self, num_blocks: int) -> list[int]:
-        """Take the ``num_blocks`` least recently freed cached blocks, dropping
-        their hashes from the index."""
-        cached, hashes, index, refs = (
-            self._free_cached, self._block_hash, self._hash_to_block, self._ref_counts,
-        )  # fmt: skip
-        pop = cached.popitem
-        blocks = [pop(last=False)[0] for _ in range(num_blocks)]
-        if self._tiers is not None:  # move them down before their hashes go
-            self._offload(blocks)
-        for block in blocks:
-            # a block holds hash h exactly when the index maps h to it (_register)
-            del index[hashes[block]]  # type: ignore[arg-type]
-            hashes[block] = None
+    def _take_one(self) -> int:
+        """:meth:`_take` of one block."""
+        if self._num_plain:
+            self._num_plain -= 1
+            block = self._plain[self._num_plain]
+        elif self._num_touched < self.num_blocks:
+            block = self._num_touched
+            self._ensure_capacity(block + 1)
+            self._num_touched = block + 1
+        else:
+            return self._take(1)[0]
+        self._refs[block] = 1
+        return block
+
+    def _evict(self, taken: array, start: int) -> None:
+        """Fill ``taken[start:]`` with the least recently freed cached blocks,
+        dropping their hashes from the index."""
+        refs, nxt = self._refs, self._lru_next
+        end = len(taken)
+        block = self._lru_head
+        for i in range(start, end):  # the LRU head onwards (_lru_remove, inline)
+            taken[i] = block
             refs[block] = 1
+            block = nxt[block]
+        self._lru_head = block
+        if block >= 0:
+            self._lru_prev[block] = -1
+        else:
+            self._lru_tail = -1
+        self._num_free_cached -= end - start
+        if self._tiers is not None:  # move them down before their hashes go
+            self._offload([taken[i] for i in range(start, end)])
+        hashes, index, table = self._block_hash, self._hash_to_block, self._table
+        for i in range(start, end):
+            block = taken[i]
+            # a block holds hash h exactly when the index maps h to it (_register)
+            if table is not None:
+                table.delete(hashes[block])
+            else:
+                del index[hashes[block]]
+            hashes[block] = None
         self._num_evictions += 1
-        return blocks
 
     def _register(self, seq: Sequence, num_tokens: int) -> None:
         """Index the full prompt blocks among the first ``num_tokens`` tokens."""
@@ -440,12 +578,23 @@ class BlockManager:
         hashes = self._hashes(seq)
         start = self._num_registered[seq.seq_id]
         end = min(len(hashes), num_tokens // self.block_size)
-        table = self._tables[seq.seq_id]
-        for i in range(start, end):
-            h = hashes[i]
-            if h not in self._hash_to_block:
-                self._hash_to_block[h] = table[i]
-                self._block_hash[table[i]] = h
+        ids, block_hash, i = self._tables[seq.seq_id], self._block_hash, start
+        if self._table is not None:
+            try:
+                while i < end:
+                    h, block = hashes[i], ids[i]
+                    if self._table.setdefault(h, block) == block:  # an indexed hash keeps its block
+                        block_hash[block] = h
+                    i += 1
+            except OverflowError:  # a hash beyond 64 bits: a dict from now on
+                self._hash_to_block = dict(self._table.items())
+                self._table = None
+        index = self._hash_to_block
+        while i < end:
+            h, block = hashes[i], ids[i]
+            if index.setdefault(h, block) == block:
+                block_hash[block] = h
+            i += 1
         self._num_registered[seq.seq_id] = max(start, end)
 
     def check_invariants(self) -> None:
@@ -455,23 +604,28 @@ class BlockManager:
         Raises:
             AssertionError: naming the broken invariant.
         """
-        num_touched = len(self._ref_counts)
+        num_touched = self._num_touched
         refs = [0] * num_touched
         for table in self._tables.values():
-            for block in table:
+            for block in table.tolist():
                 refs[block] += 1
-        assert refs == self._ref_counts, "ref counts differ from block tables"
-        assert len(self._block_hash) == num_touched, "per-block lists differ in length"
+        assert refs == [self._refs[b] for b in range(num_touched)], (
+            "ref counts differ from block tables"
+        )
+        assert len(self._block_hash) == self._capacity >= num_touched, "per-block state size"
         free = {b for b in range(num_touched) if refs[b] == 0}
-        listed = [*self._free_plain, *self._free_cached]
+        plain = [self._plain[i] for i in range(self._num_plain)]
+        cached = self._lru_blocks()
+        assert len(cached) == self._num_free_cached, "LRU list length out of sync"
+        listed = [*plain, *cached]
         assert len(listed) == len(set(listed)), "a block is listed free twice"
         assert free == set(listed), "free lists differ from unreferenced blocks"
-        assert all(self._block_hash[b] is None for b in self._free_plain), (
-            "hashed block in plain list"
-        )
+        assert all(self._block_hash[b] is None for b in plain), "hashed block in plain list"
+        assert all(self._block_hash[b] is not None for b in cached), "plain block in LRU list"
         used = sum(1 for r in refs if r > 0)
-        assert self.num_free_blocks + used == self.num_blocks, "free + used != total"
-        for h, block in self._hash_to_block.items():
+        assert self._num_free() + used == self.num_blocks, "free + used != total"
+        index = self._hash_to_block.items() if self._table is None else self._table.items()
+        for h, block in index:
             assert self._block_hash[block] == h, f"hash index stale for block {block}"
         if self._tiers is not None:
             for tier in self._tiers:
@@ -543,7 +697,6 @@ class BlockManager:
         tier_slots = self._tier_slots
         table: list[int] = []
         loads: list[tuple[int, int, int]] = []  # (position, level, slot)
-        refs, free_cached = self._ref_counts, self._free_cached
         for i, block in enumerate(hits):
             if block == DEVICE:
                 h = hashes[i]
@@ -559,9 +712,7 @@ class BlockManager:
                         raise RuntimeError(f"block hash of {seq} left every tier")
                     table.append(DEVICE)
                     continue
-            if refs[block] == 0:  # as _ref: a hit on a free cached block revives it
-                del free_cached[block]
-            refs[block] += 1
+            self._ref(block)
             table.append(block)
         num_hit = len(table)
         for _, level, _ in loads:  # the popped slots are pinned: out of every index
@@ -594,7 +745,7 @@ class BlockManager:
             table.extend(fresh[len(loads) :])
         else:
             table.extend(fresh)
-        self._tables[seq.seq_id] = table
+        self._tables[seq.seq_id] = array("i", table)
         seq.kv_slots = len(table) * self.block_size
         self._num_registered[seq.seq_id] = num_hit
         self._register(seq, num_tokens)
@@ -716,6 +867,96 @@ class BlockManager:
                 for t in self._tiers
             },
         }
+
+
+class _HashIndex:
+    """A block hash -> block id map for hashes that fit 64 bits (signed), as an
+    open-addressing table over typed arrays (linear probing on MurmurHash3's
+    64-bit finalizer, backward-shift deletion: Knuth, TAOCP vol. 3, 6.4,
+    Algorithm R): the compiled core's prefix-cache index, where a dict costs two
+    objects per entry. It grows (doubling) to stay at most half full."""
+
+    __slots__ = ("slots", "mask", "count")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        # slot s: its key at 2s and its block at 2s + 1 (one cache line for both);
+        # capacity a power of two, block -1 an empty slot
+        self.slots = array("q", [0, -1]) * capacity
+        self.mask = capacity - 1
+        self.count = 0
+
+    def _home(self, key: int) -> int:
+        h = key & _MASK64  # the key's 64 bits, mixed (fmix64)
+        h = ((h ^ (h >> 33)) * _FMIX1) & _MASK64
+        h = ((h ^ (h >> 33)) * _FMIX2) & _MASK64
+        return (h ^ (h >> 33)) & self.mask
+
+    def _slot(self, key: int) -> int:
+        """The slot holding ``key``, or the empty slot its probe reaches."""
+        # NOTE: attributes read in place: a typed view copied to a local costs
+        # atomic reference counts, more than the probe itself
+        slot = self._home(key)
+        while self.slots[2 * slot + 1] >= 0 and self.slots[2 * slot] != key:
+            slot = (slot + 1) & self.mask
+        return slot
+
+    def get(self, key: int) -> int:
+        """The block of ``key``, or -1."""
+        return self.slots[2 * self._slot(key) + 1]
+
+    def setdefault(self, key: int, block: int) -> int:
+        """The block of ``key``, after mapping it to ``block`` if it had none."""
+        slot = self._slot(key)
+        if self.slots[2 * slot + 1] >= 0:
+            return self.slots[2 * slot + 1]
+        if 2 * (self.count + 1) > self.mask + 1:
+            self._rehash(2 * (self.mask + 1))
+            slot = self._slot(key)
+        self.slots[2 * slot] = key
+        self.slots[2 * slot + 1] = block
+        self.count += 1
+        return block
+
+    def delete(self, key: int) -> None:
+        """Remove ``key`` (it must be there): later entries of its probe run move
+        back into the gap, so no lookup stops early."""
+        gap = self._slot(key)
+        slot = gap
+        while True:
+            slot = (slot + 1) & self.mask
+            if self.slots[2 * slot + 1] < 0:
+                break
+            home = self._home(self.slots[2 * slot])
+            # the entry at slot stays unless its home is cyclically outside (gap, slot]
+            if (gap < slot and gap < home <= slot) or (gap > slot and (home > gap or home <= slot)):
+                continue
+            self.slots[2 * gap] = self.slots[2 * slot]
+            self.slots[2 * gap + 1] = self.slots[2 * slot + 1]
+            gap = slot
+        self.slots[2 * gap + 1] = -1
+        self.count -= 1
+
+    def items(self) -> list[tuple[int, int]]:
+        """Every ``(key, block)`` pair."""
+        slots = self.slots
+        return [
+            (slots[i], slots[i + 1]) for i in range(0, 2 * self.mask + 2, 2) if slots[i + 1] >= 0
+        ]
+
+    def _rehash(self, capacity: int) -> None:
+        entries = self.items()
+        self.__init__(capacity)  # type: ignore[misc]
+        for key, block in entries:
+            self.setdefault(key, block)
+
+
+def _grown(values: array, size: int, capacity: int) -> array:
+    """The first ``size`` ints of ``values`` in a zeroed array of ``capacity``."""
+    grown = array("i", bytes(4 * capacity))
+    view = grown  # NOTE: typed as a view when compiled (block_manager.pxd)
+    for i in range(size):
+        view[i] = values[i]
+    return grown
 
 
 class _PrefixHit:

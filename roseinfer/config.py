@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,9 @@ from roseinfer.kv_tiers import KVTierConfig
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default max_num_seqs
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default block_size on GPUs
 PREFIX_CACHING_HASH_ALGOS = ("sha256", "builtin")  # vLLM --prefix-caching-hash-algo
+MAX_NUM_KV_BLOCKS = 2**24
+"""Largest KV pool in blocks: the block manager keeps Python lists per block (about
+100 B each, so 1.6 GB of host memory here); a larger pool needs a larger block size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,3 +216,35 @@ SCHEDULER_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 """Scheduler knobs of each engine's defaults (``--scheduler-preset``); explicit flags win."""
+
+
+def kv_blocks_from_bytes(
+    num_bytes: float,
+    kv_bytes_per_token: float,
+    block_size: int,
+    source: str = "--kv-cache-memory-gb",
+) -> int:
+    """KV blocks that ``num_bytes`` of memory hold (both backends size pools so).
+
+    Args:
+        num_bytes: memory for the KV pool in bytes.
+        kv_bytes_per_token: K and V bytes of one token over all layers.
+        block_size: tokens per block.
+        source: where ``num_bytes`` came from (a flag, a device), for the message.
+
+    Raises:
+        ValueError: naming ``source`` when the memory holds no whole block or is
+            not a finite number of bytes.
+    """
+    block_bytes = kv_bytes_per_token * block_size
+    if not math.isfinite(num_bytes):
+        raise ValueError(
+            f"{source} gives {num_bytes:g} bytes for the KV cache, not a finite number; "
+            "give a size in GiB a device can hold, or --num-kv-blocks"
+        )
+    if not num_bytes >= block_bytes:
+        raise ValueError(
+            f"{source} leaves {num_bytes / 2**30:.3g} GiB for the KV cache, less than one "
+            f"block of {block_size} tokens ({block_bytes} B); give more memory or --num-kv-blocks"
+        )
+    return int(num_bytes // block_bytes)

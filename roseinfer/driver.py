@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from roseinfer.interface import PolicyError
+from roseinfer.registry import current_warning_sink
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
 from roseinfer.sequence import Sequence as Seq
@@ -40,9 +40,7 @@ def policy_warning(message: str) -> None:
     else as ``warning: {message}`` through the ``roseinfer.policy`` logger (so an
     application's logging config applies). A sweep or capacity search that
     replays many runs says it once."""
-    from roseinfer import registry
-
-    sink = getattr(registry, "_WARNING_SINK", None)
+    sink = current_warning_sink()
     key = (id(sink), message)
     if key in _WARNED:
         return
@@ -78,9 +76,9 @@ def start_replay(
     return lines
 
 
-@dataclass(frozen=True, slots=True)
 class StepResult:
-    """What executing one scheduler output gave.
+    """What executing one scheduler output gave (read-only by convention; the
+    compiled core makes the attributes read-only).
 
     Attributes:
         end_times_s: end time (s, on the run's clock) of each of the output's
@@ -91,9 +89,23 @@ class StepResult:
             sampling, synchronize; None when the backend does not split it out.
     """
 
-    end_times_s: Sequence[float]
-    sampled_token_ids: Sequence[int] | None = None
-    forward_s: float | None = None
+    __slots__ = ("end_times_s", "sampled_token_ids", "forward_s")
+
+    def __init__(
+        self,
+        end_times_s: Sequence[float],
+        sampled_token_ids: Sequence[int] | None = None,
+        forward_s: float | None = None,
+    ) -> None:
+        self.end_times_s = end_times_s
+        self.sampled_token_ids = sampled_token_ids
+        self.forward_s = forward_s
+
+    def __repr__(self) -> str:
+        return (
+            f"StepResult(end_times_s={self.end_times_s!r}, sampled_token_ids="
+            f"{self.sampled_token_ids!r}, forward_s={self.forward_s!r})"
+        )
 
 
 StepObserver = Callable[[SchedulerOutput, float, StepResult], None]

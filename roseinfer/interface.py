@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, Union
 
+from roseinfer.admission import admit_ranked, fifo_under_budget
+
 if TYPE_CHECKING:
     from roseinfer.sequence import Sequence as Seq
 
@@ -124,6 +126,7 @@ class PolicyOption:
         help: one line for ``--help`` (units included).
         choices: allowed values, or None.
         minimum: smallest allowed value of an ``int`` or ``float`` knob, or None.
+        maximum: largest allowed value of an ``int`` or ``float`` knob, or None.
         A ``float`` knob must be finite (no NaN or inf).
     """
 
@@ -133,6 +136,7 @@ class PolicyOption:
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def flag(self) -> str:
@@ -158,6 +162,8 @@ class PolicyOption:
             raise ValueError(f"{self.flag} must be a finite number, got {value!r}")
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"{self.flag} must be >= {self.minimum:g}, got {value!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{self.flag} must be <= {self.maximum:g}, got {value!r}")
         if self.choices is not None and value not in self.choices:
             known = ", ".join(map(str, self.choices))
             raise ValueError(f"{self.flag} must be one of {known}, got {value!r}")
@@ -502,8 +508,6 @@ class AdmissionPolicy:
         else arrival order, under the token budget (when the policy declares
         ``uses_token_budget``; FIFO is the ``fifo`` policy).
         """
-        from roseinfer.admission import admit_ranked, fifo_under_budget
-
         chunk_head = bool(self.declares("chunk_head") and self.opt("chunk_head"))
         if budget.max_tokens is not None and not self.uses_token_budget:
             budget = dataclasses.replace(budget, max_tokens=None)  # fifo: seats and blocks only
@@ -686,7 +690,7 @@ class ComposedPolicy(AdmissionPolicy):
             return self.ordering.order(ctx)
         except PolicyError:
             raise
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # NOTE: a plugin's exit() is its fault too
             raise self._crash("order", self.ordering.name, self.plugins[1], err) from err
 
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
@@ -700,11 +704,11 @@ class ComposedPolicy(AdmissionPolicy):
             return fn(*args)
         except PolicyError:
             raise
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # NOTE: a plugin's exit() is its fault too
             raise self._crash(method, _label(self.admission), self.plugins[0], err) from err
 
     @staticmethod
-    def _crash(method: str, name: str, plugin: str, err: Exception) -> PolicyError:
+    def _crash(method: str, name: str, plugin: str, err: BaseException) -> PolicyError:
         detail = str(err).strip().splitlines()
         what = f"{type(err).__name__}: {detail[0][:200]}" if detail else type(err).__name__
         source = f" (plugin {plugin})" if plugin else ""

@@ -37,7 +37,10 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from roseinfer.registry import Registry
 
 HOST_TIER_NAME = "host"
 """Name of the tier ``--kv-offloading-size`` configures (host DRAM)."""
@@ -118,8 +121,9 @@ class KVTierConfig:
         tiers: one spec per tier (>= 1, names unique).
         block_bytes: bytes of one KV block, all layers, K and V (> 0): what one
             block moved costs.
-        policy: the tiers' eviction policy: a registered name (``--kv-tier-policy``,
-            resolved through the plugin registry) or a :class:`KVTierPolicy` subclass.
+        policy: the tiers' eviction policy: a :class:`KVTierPolicy` subclass, or a
+            registered name (``--kv-tier-policy``) that :meth:`resolved` looks up in
+            the registry it is given before the config reaches a block manager.
         overlap: loads overlap the step's compute (the step costs
             ``max(compute, transfer)``); False: they stall it (``compute + transfer``).
 
@@ -148,6 +152,16 @@ class KVTierConfig:
     def policy_name(self) -> str:
         """The policy's registered name."""
         return self.policy if isinstance(self.policy, str) else self.policy.name
+
+    def resolved(self, registry: Registry) -> KVTierConfig:
+        """This config with its policy name looked up in ``registry`` (a class stays).
+
+        Raises:
+            UnknownPolicyError: (a ValueError) listing the registered names.
+        """
+        if not isinstance(self.policy, str):
+            return self
+        return replace(self, policy=registry.kv_tier_policy(self.policy))
 
     def for_block_bytes(self, block_bytes: int) -> KVTierConfig:
         """The same tiers (capacity in bytes kept, rounded down to whole blocks, at
@@ -274,26 +288,6 @@ class KVTierPolicy:
         raise NotImplementedError
 
 
-_POLICY_CACHE: dict[str, type[KVTierPolicy]] = {}
-
-
-def resolve_policy(policy: str | type[KVTierPolicy]) -> type[KVTierPolicy]:
-    """The policy class for a name (through the plugin registry, loaded once per
-    name) or the class itself.
-
-    Raises:
-        UnknownPolicyError: (a ValueError) listing the registered names.
-    """
-    if not isinstance(policy, str):
-        return policy
-    cls = _POLICY_CACHE.get(policy)
-    if cls is None:
-        from roseinfer.registry import load_registry  # the core names no plugin
-
-        cls = _POLICY_CACHE[policy] = load_registry().kv_tier_policy(policy)
-    return cls
-
-
 # --------------------------------------------------------------------- tiers
 class KVTier:
     """One tier's state: hash -> slot index, policy, and counters.
@@ -356,9 +350,15 @@ def make_tiers(config: KVTierConfig) -> list[KVTier]:
     """Fresh tier states for ``config`` (one policy instance per tier).
 
     Raises:
-        UnknownPolicyError: for an unregistered policy name.
+        KVTierError: when the policy is still a name (:meth:`KVTierConfig.resolved`
+            looks it up; the core loads no plugins itself).
     """
-    cls = resolve_policy(config.policy)
+    cls = config.policy
+    if isinstance(cls, str):
+        raise KVTierError(
+            f"KV tier policy {cls!r} is a name: look it up first with "
+            "KVTierConfig.resolved(registry)"
+        )
     return [KVTier(spec, cls(spec.num_blocks)) for spec in config.tiers]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING, Any
 
@@ -26,20 +27,23 @@ from roseinfer.sequence import SeqStatus, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
+COMPILED = not __file__.endswith(".py")  # built by setup.py: fill token times in a C loop
+
 
 class StepLog:
     """End times of the steps of a run and which of them carried decodes.
 
-    Stored in flat typed arrays (8 bytes per step). Step indices are absolute;
-    :meth:`release` drops the steps before a given one once no request still
-    to be recorded refers to them, so a long run keeps only a window of steps.
+    Stored in flat typed arrays (8 bytes per step, and 8 per step that carried
+    no decodes). Step indices are absolute; :meth:`release` drops the steps
+    before a given one once no request still to be recorded refers to them, so
+    a long run keeps only a window of steps.
     """
 
-    __slots__ = ("_end_s", "_decode_steps", "_base")
+    __slots__ = ("_end_s", "_prefill_steps", "_base")
 
     def __init__(self) -> None:
         self._end_s = array("d")
-        self._decode_steps = array("q")  # absolute indices of decode-carrying steps, ascending
+        self._prefill_steps = array("q")  # absolute indices of steps without decodes, ascending
         self._base = 0  # absolute index of self._end_s[0]
 
     @property
@@ -63,17 +67,21 @@ class StepLog:
     @property
     def carries_decodes(self) -> np.ndarray:
         """bool ``[num_steps - first_kept_step]``: True for held steps that carried decodes."""
-        flags = np.zeros(len(self._end_s), dtype=bool)
-        flags[self._decode_indices() - self._base] = True
+        flags = np.ones(len(self._end_s), dtype=bool)
+        flags[self._prefill_indices() - self._base] = False
         return flags
 
-    def append(self, end_times_s: SequenceABC[float], *, carries_decodes: bool) -> None:
+    def append(self, end_times_s: SequenceABC[float], carries_decodes: bool) -> None:
         """Log consecutive steps ending at ``end_times_s`` (s)."""
-        first = self.num_steps
+        first = self._base + len(self._end_s)
         ends = end_times_s if isinstance(end_times_s, list) else list(end_times_s)
         self._end_s.fromlist(ends)
         if carries_decodes:
-            self._decode_steps.fromlist(list(range(first, first + len(ends))))
+            return
+        if len(ends) == 1:  # a prefill step (a run of steps carries decodes)
+            self._prefill_steps.append(first)
+        else:
+            self._prefill_steps.fromlist(list(range(first, first + len(ends))))
 
     def release(self, before_step: int) -> None:
         """Forget the steps with index < ``before_step`` (their token times can no
@@ -83,13 +91,13 @@ class StepLog:
             return
         del self._end_s[:drop]
         self._base += drop
-        cut = int(np.searchsorted(self._decode_indices(), self._base, side="left"))
-        del self._decode_steps[:cut]
+        cut = int(np.searchsorted(self._prefill_indices(), self._base, side="left"))
+        del self._prefill_steps[:cut]
 
-    def _decode_indices(self) -> np.ndarray:
-        if not self._decode_steps:
+    def _prefill_indices(self) -> np.ndarray:
+        if not self._prefill_steps:
             return np.empty(0, dtype=np.int64)
-        return np.frombuffer(self._decode_steps, dtype=np.int64)
+        return np.frombuffer(self._prefill_steps, dtype=np.int64)
 
     def token_times_s(self, stays: SequenceABC[SequenceABC[int | None]]) -> np.ndarray:
         """Times (s) of every token sampled in ``stays`` (``[first_token_step,
@@ -98,25 +106,99 @@ class StepLog:
         Raises:
             IndexError: if a stay refers to a released step.
         """
-        end_s, decode_idx, base = self.end_s, self._decode_indices(), self._base
+        spans, num_tokens = self._spans(stays)
+        if COMPILED:
+            times = np.empty(num_tokens)
+            self._fill_times(spans, times, 0)
+            return times
+        base, end_s, prefill_idx = self._base, self.end_s, self._prefill_indices()
         parts: list[np.ndarray] = []
-        for first, last in stays:
-            if first is None or last is None or last < first:
-                continue
-            if first < base:
-                raise IndexError(f"step {first} was released (steps before {base} are gone)")
-            lo = int(np.searchsorted(decode_idx, first, side="right"))
-            hi = int(np.searchsorted(decode_idx, last, side="right"))
-            if hi - lo == last - first:  # every step after the first token decoded it
-                parts.append(end_s[first - base : last - base + 1])
-                continue
-            parts.append(end_s[first - base : first - base + 1])
-            parts.append(end_s[decode_idx[lo:hi] - base])
+        for first, last, lo, hi in spans:
+            part = end_s[first - base : last - base + 1]
+            if hi > lo:  # drop the prefill-only steps after the first token
+                keep = np.ones(len(part), dtype=bool)
+                keep[prefill_idx[lo:hi] - first] = False
+                part = part[keep]
+            parts.append(part)
         if len(parts) == 1:
             return parts[0].copy()  # NOTE: a view would pin the log's buffer (no appends)
         if not parts:
             return np.empty(0)
         return np.concatenate(parts)
+
+    def token_times_into(
+        self, stays: SequenceABC[SequenceABC[int | None]], out: array, start: int
+    ) -> int:
+        """Write :meth:`token_times_s` into ``out[start:]`` (a float64 buffer with
+        room for them) and return how many there are.
+
+        Raises:
+            IndexError: if a stay refers to a released step, or ``out`` is too short.
+        """
+        spans, num_tokens = self._spans(stays)
+        if start + num_tokens > len(out):
+            raise IndexError(f"{num_tokens} token times do not fit the buffer")
+        self._fill_times(spans, out, start)
+        return num_tokens
+
+    def _spans(
+        self, stays: SequenceABC[SequenceABC[int | None]]
+    ) -> tuple[list[tuple[int, int, int, int]], int]:
+        """The stays that sampled tokens, as ``(first, last, lo, hi)`` with the
+        prefill-only steps inside at ``_prefill_steps[lo:hi]``, and the token count.
+        In a stay, a token comes at its first-token step and at every later step up
+        to its last that carried decodes: all but the prefill-only steps."""
+        base, prefill = self._base, self._prefill_steps
+        spans: list[tuple[int, int, int, int]] = []
+        num_tokens = 0
+        for first, last in stays:
+            if first is None or last is None or last < first:
+                continue
+            if first < base:
+                raise IndexError(f"step {first} was released (steps before {base} are gone)")
+            if COMPILED:  # a typed binary search (bisect_right costs a Python call)
+                lo, hi = _count_upto(prefill, first), _count_upto(prefill, last)
+            else:
+                lo, hi = bisect_right(prefill, first), bisect_right(prefill, last)
+            spans.append((first, last, lo, hi))
+            num_tokens += last - first + 1 - (hi - lo)
+        return spans, num_tokens
+
+    def _fill_times(
+        self, spans: list[tuple[int, int, int, int]], out: array | np.ndarray, pos: int
+    ) -> None:
+        """Token times of ``spans`` into ``out[pos:]``, step by step (the compiled
+        core's loop; ``out`` is a typed view there)."""
+        end_s, prefill = self._end_s, self._prefill_steps  # typed views (records.pxd)
+        base = self._base
+        for first, last, lo, hi in spans:
+            skip = prefill[lo] if lo < hi else last + 1  # the next prefill-only step
+            for step in range(first, last + 1):
+                if step == skip:
+                    lo += 1
+                    skip = prefill[lo] if lo < hi else last + 1
+                    continue
+                out[pos] = end_s[step - base]
+                pos += 1
+
+
+def _count_upto(values: array, x: int) -> int:
+    """How many of the ascending ``values`` are <= ``x`` (``bisect_right``)."""
+    lo, hi = 0, len(values)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _diff_in_place(values: array, start: int, count: int) -> None:
+    """Replace ``values[start:start + count]`` by its ``count - 1`` successive
+    differences (``np.diff``'s, in place, from the front)."""
+    for i in range(start, start + count - 1):
+        values[i] = values[i + 1] - values[i]
 
 
 _FLOAT_COLUMNS = ("arrival_s", "admitted_s", "first_token_s", "finish_s", "deadline_s")
@@ -153,6 +235,8 @@ class RecordBuilder:
         self._order = array("q")  # submission index of each row
         self._gaps: list[np.ndarray] = []  # ITL gaps not yet in the histogram
         self._num_gaps = 0
+        # NOTE: the compiled core writes them into one buffer instead (_gap_buffer[:_num_gaps])
+        self._gap_buffer = array("d", bytes(8 << 16)) if COMPILED and not keep_token_times else None
         self._lock = threading.Lock()
 
     def _new_rows(self) -> dict[str, Any]:
@@ -174,12 +258,38 @@ class RecordBuilder:
             AssertionError: if its derived token count disagrees with its output
                 count (a scheduler bug, never silent).
         """
+        if self._gap_buffer is not None:
+            with self._lock:
+                self._add_lean(seq, step_log)
+            return
         times = step_log.token_times_s(seq.stays)
         assert len(times) == seq.num_output_tokens, f"{seq}: {len(times)} token times"
         with self._lock:
             self._add(seq, times)
 
-    def _add(self, seq: Sequence, times: np.ndarray) -> None:
+    def _add_lean(self, seq: Sequence, step_log: StepLog) -> None:
+        """:meth:`add` without token times, as the compiled core runs it: the times
+        go straight into the gap buffer, become gaps there (a finished request's)
+        and are counted in :attr:`itl` in the same batches as :meth:`_count_gaps`."""
+        buffer, start = self._gap_buffer, self._num_gaps
+        assert buffer is not None
+        if start + seq.num_output_tokens > len(buffer):
+            grown = array("d", bytes(8 * (start + seq.num_output_tokens)))
+            grown[:start] = buffer[:start]
+            buffer = self._gap_buffer = grown
+        count = step_log.token_times_into(seq.stays, buffer, start)
+        assert count == seq.num_output_tokens, f"{seq}: {count} token times"
+        first_s = buffer[start] if count else np.nan
+        if seq.status is SeqStatus.FINISHED and count > 1:
+            _diff_in_place(buffer, start, count)
+            self._num_gaps = start + count - 1
+        self._add(seq, None, first_s)
+        if self._num_gaps >= 1 << 16:
+            self._flush_gaps()
+
+    def _add(self, seq: Sequence, times: np.ndarray | None, first_s: float = np.nan) -> None:
+        """Append the row (``times``: the token times, or None when the lean path
+        counted its gaps and gives its first token's time as ``first_s``)."""
         finished = seq.status is SeqStatus.FINISHED
         req, rows = seq.request, self._rows
         self._order.append(seq.seq_id)
@@ -189,7 +299,9 @@ class RecordBuilder:
         rows["reject_reason"].append(seq.reject_reason)
         rows["arrival_s"].append(req.arrival_time_s)
         rows["admitted_s"].append(np.nan if seq.admitted_s is None else seq.admitted_s)
-        rows["first_token_s"].append(times[0] if len(times) else np.nan)
+        if times is not None:
+            first_s = times[0] if len(times) else np.nan
+        rows["first_token_s"].append(first_s)
         rows["finish_s"].append(seq.finish_s if finished else np.nan)
         rows["num_prompt_tokens"].append(req.num_prompt_tokens)
         rows["num_output_tokens"].append(seq.num_output_tokens)
@@ -200,7 +312,7 @@ class RecordBuilder:
             rows["token_times_s"].append(times)
         else:
             rows["token_times_s"].append(None)
-            if finished and len(times) > 1:
+            if times is not None and finished and len(times) > 1:
                 self._count_gaps(np.diff(times))
         rows["priority"].append(req.priority)
         rows["deadline_s"].append(np.nan if req.deadline_s is None else req.deadline_s)
@@ -215,6 +327,14 @@ class RecordBuilder:
             self._flush_gaps()
 
     def _flush_gaps(self) -> None:
+        if self._gap_buffer is not None:
+            if self._num_gaps and self.itl is not None:
+                # NOTE: a view, gone before the buffer is written again
+                self.itl.add(
+                    np.frombuffer(self._gap_buffer, dtype=np.float64, count=self._num_gaps)
+                )
+            self._num_gaps = 0
+            return
         if self._gaps and self.itl is not None:
             self.itl.add(np.concatenate(self._gaps))
         self._gaps, self._num_gaps = [], 0
@@ -239,7 +359,7 @@ class RecordBuilder:
             self._flush_gaps()
             rows, order = self._rows, self._order
             self._rows, self._order = self._new_rows(), array("q")
-        return _frame(rows, order)
+        return _frame(rows, order, consume=True)
 
     def clear(self) -> None:
         """Forget the rows so far without building a frame (:attr:`itl` keeps counting)."""
@@ -248,13 +368,23 @@ class RecordBuilder:
             self._rows, self._order = self._new_rows(), array("q")
 
 
-def _frame(rows: dict[str, Any], order: array) -> pd.DataFrame:
-    """``rows`` as a DataFrame sorted by ``order`` (submission index)."""
+def _frame(rows: dict[str, Any], order: array, *, consume: bool = False) -> pd.DataFrame:
+    """``rows`` as a DataFrame sorted by ``order`` (submission index). Each column
+    is put in order once and handed to pandas uncopied; ``consume`` empties
+    ``rows`` column by column as it goes (a drained builder's rows), so the rows
+    and the frame are never both whole in memory (a million requests: 300 MB)."""
     import pandas as pd  # NOTE: lazily: the scheduler imports this module, pandas costs 0.4 s
 
-    columns = {name: _copy(col) if isinstance(col, array) else col for name, col in rows.items()}
-    frame = pd.DataFrame(columns)
-    return frame.iloc[np.argsort(_copy(order), kind="stable")].reset_index(drop=True)
+    perm = np.argsort(_copy(order), kind="stable")
+    columns: dict[str, Any] = {}
+    for name in list(rows):
+        values = rows.pop(name) if consume else rows[name]
+        if isinstance(values, array):
+            columns[name] = _copy(values)[perm] if len(values) else _copy(values)
+        else:
+            columns[name] = [values[i] for i in perm.tolist()]
+        del values
+    return pd.DataFrame(columns, copy=False)
 
 
 def _copy(values: array) -> np.ndarray:

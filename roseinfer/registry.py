@@ -232,6 +232,12 @@ def warning_sink(warn: Warn) -> Iterator[None]:
         set_warning_sink(previous)
 
 
+def current_warning_sink() -> Warn | None:
+    """The sink :func:`set_warning_sink` set (None: the default, a ``RuntimeWarning``),
+    for other core modules that report through the same channel."""
+    return _WARNING_SINK
+
+
 def _warn_default(message: str) -> None:
     if _WARNING_SINK is None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -31,6 +31,7 @@ from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from roseinfer.contract import RouterError, checked_scores
 from roseinfer.request import Request
 
 ROLES = ("mixed", "prefill", "decode")
@@ -84,10 +85,6 @@ class ReplicaView:
     def outstanding_blocks(self) -> float:
         """``outstanding_tokens`` in KV blocks (a load term in block units)."""
         return self.outstanding_tokens / self.block_size
-
-
-class RouterError(ValueError):
-    """A router answered something invalid, or no replica can take a request."""
 
 
 class ReadOptions(dict[str, str]):
@@ -154,21 +151,38 @@ class Router:
         rejects the request, recording why).
 
         Raises:
-            RouterError: with no replica of that role, or an invalid score list or pick.
+            RouterError: with no replica of that role, when the router raises, or on
+                scores that are not one number per candidate (NaN included) or a pick
+                that is not a candidate; one line naming the router.
         """
         pool = [r for r in replicas if r.role == stage]
         if not pool:
             raise RouterError(f"no {stage} replica to route to")
         # A request no replica can hold still goes somewhere: that replica rejects
         # it with its reason, as a single engine does.
-        candidates = self.filter(request, pool) or pool
-        scores = self.score(request, candidates, now_s)
-        if len(scores) != len(candidates):
-            raise RouterError(f"router {self.name!r} scored {len(scores)} of {len(candidates)}")
-        chosen = self.pick(candidates, scores)
+        where = f"router {self.name!r}"
+        candidates = self._call("filter", self.filter, request, pool) or pool
+        answer = self._call("score", self.score, request, candidates, now_s)
+        scores = checked_scores(answer, len(candidates), where=where)
+        chosen = self._call("pick", self.pick, candidates, scores)
         if chosen not in {c.index for c in candidates}:
-            raise RouterError(f"router {self.name!r} picked replica {chosen}, not a candidate")
+            raise RouterError(f"{where} picked replica {chosen!r:.40}, not a candidate")
         return chosen
+
+    def _call(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, with any exception but a RouterError re-raised as one line
+        naming the router (a plugin's bug must not look like a user error)."""
+        try:
+            return fn(*args)
+        except RouterError:
+            raise
+        except Exception as err:
+            lines = str(err).strip().splitlines()
+            what = f"{type(err).__name__}: {lines[0][:200]}" if lines else type(err).__name__
+            raise RouterError(
+                f"router {self.name!r} raised {what} in {method}(); a bug in that router, "
+                "not in the flags: report it to its authors or pick another router"
+            ) from err
 
     def filter(self, request: Request, replicas: SequenceABC[ReplicaView]) -> list[ReplicaView]:
         """Replicas able to hold the request at all (length and pool size)."""

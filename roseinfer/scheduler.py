@@ -30,13 +30,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from collections.abc import Iterator
 from collections.abc import Sequence as SequenceABC
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from roseinfer.block_manager import BLOCK_HASHERS, BlockManager
 from roseinfer.config import SchedulerConfig
+from roseinfer.contract import ReadOnlyView, checked_admission, checked_named
 from roseinfer.interface import (
     AdmissionPolicy,
     Budget,
@@ -50,6 +49,9 @@ from roseinfer.kv_tiers import KVTransfers
 from roseinfer.records import StepLog
 from roseinfer.request import Request
 from roseinfer.sequence import SeqStatus, Sequence
+
+RELEASE_MIN_HELD = 1 << 20
+"""Steps the step log holds before :meth:`Scheduler.release_steps` drops old ones."""
 
 
 class StepTotals(NamedTuple):
@@ -74,7 +76,6 @@ class StepTotals(NamedTuple):
     decode_context_tokens: int
 
 
-@dataclass(slots=True)
 class ScheduledSeq:
     """One request's share of a step (read-only by convention: not frozen, since
     one is built per request per step and a frozen init costs 4x).
@@ -90,16 +91,28 @@ class ScheduledSeq:
         is_decode: True for a decode (one token, after the request's first output).
     """
 
-    seq: Sequence
-    num_computed_tokens: int
-    num_new_tokens: int
-    samples: bool
-    is_decode: bool
+    __slots__ = ("seq", "num_computed_tokens", "num_new_tokens", "samples", "is_decode")
+
+    def __init__(
+        self, seq: Sequence, num_computed_tokens: int, num_new_tokens: int, samples: bool,
+        is_decode: bool,
+    ) -> None:  # fmt: skip
+        self.seq = seq
+        self.num_computed_tokens = num_computed_tokens
+        self.num_new_tokens = num_new_tokens
+        self.samples = samples
+        self.is_decode = is_decode
 
     @property
     def num_context_tokens(self) -> int:
         """Context length after the step (computed + new tokens)."""
         return self.num_computed_tokens + self.num_new_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduledSeq({self.seq!r}, computed={self.num_computed_tokens}, "
+            f"new={self.num_new_tokens}, samples={self.samples}, decode={self.is_decode})"
+        )
 
 
 class SchedulerOutput:
@@ -123,6 +136,9 @@ class SchedulerOutput:
         preempted: requests preempted (by recompute) while planning this step.
         decode_context_tokens: summed context of the decodes after the (first)
             step (tokens).
+        num_prefill_tokens: tokens computed by the prefill items.
+        prefill_attn_pairs: causal (query, key) pairs of the prefill items.
+        prefill_context_tokens: summed context of the prefill items after the step.
         kv_transfers: KV tier copies to make before the (first) forward and the
             load time to price (:class:`~roseinfer.kv_tiers.KVTransfers`); None
             without tiers or when no block moved.
@@ -130,7 +146,8 @@ class SchedulerOutput:
 
     __slots__ = (
         "step_index", "phase", "decodes", "decode_contexts", "prefills", "num_steps",
-        "preempted", "decode_context_tokens", "_items", "kv_transfers",
+        "preempted", "decode_context_tokens", "_items", "kv_transfers", "num_prefill_tokens",
+        "prefill_attn_pairs", "prefill_context_tokens",
     )  # fmt: skip
 
     def __init__(self, step_index: int, phase: Phase | None) -> None:
@@ -144,6 +161,9 @@ class SchedulerOutput:
         self.decode_context_tokens = 0
         self._items: list[ScheduledSeq] | None = None
         self.kv_transfers: KVTransfers | None = None
+        self.num_prefill_tokens = 0
+        self.prefill_attn_pairs = 0
+        self.prefill_context_tokens = 0
 
     @property
     def is_empty(self) -> bool:
@@ -166,11 +186,6 @@ class SchedulerOutput:
         return {item.seq.request_id: item.num_new_tokens for item in self.scheduled}
 
     @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens computed by the prefill items of the step."""
-        return sum(item.num_new_tokens for item in self.prefills)
-
-    @property
     def num_batched_tokens(self) -> int:
         """Tokens computed by the (first) step."""
         return len(self.decodes) + self.num_prefill_tokens
@@ -182,17 +197,24 @@ class SchedulerOutput:
 
     def totals(self) -> StepTotals:
         """What the (first) step computes, as every cost model reads it."""
-        num_tokens = pairs = context = 0
-        for p in self.prefills:
-            n, c = p.num_new_tokens, p.num_computed_tokens + p.num_new_tokens
-            num_tokens += n
-            pairs += n * c - n * (n - 1) // 2
-            context += c
-        num_decodes = len(self.decodes)
+        num_prefills, num_decodes = len(self.prefills), len(self.decodes)
         return StepTotals(
-            len(self.prefills) + num_decodes, num_tokens + num_decodes, len(self.prefills),
-            pairs, context, self.decode_context_tokens,
+            num_prefills + num_decodes, self.num_prefill_tokens + num_decodes, num_prefills,
+            self.prefill_attn_pairs, self.prefill_context_tokens, self.decode_context_tokens,
         )  # fmt: skip
+
+    def add_prefill(self, item: ScheduledSeq) -> None:
+        """Append a prefill item and count it in the step's totals."""
+        self.prefills.append(item)
+        self._count_prefill(item, 1)
+        self._items = None
+
+    def _count_prefill(self, item: ScheduledSeq, sign: int) -> None:
+        n = item.num_new_tokens
+        c = item.num_computed_tokens + n
+        self.num_prefill_tokens += sign * n
+        self.prefill_attn_pairs += sign * (n * c - n * (n - 1) // 2)
+        self.prefill_context_tokens += sign * c
 
     def remove(self, seq: Sequence) -> None:
         """Take ``seq`` out of the planned step (its sampling failed, or it was
@@ -202,7 +224,13 @@ class SchedulerOutput:
             del self.decodes[i]
             self.decode_context_tokens -= self.decode_contexts.pop(i)
         else:
-            self.prefills = [p for p in self.prefills if p.seq is not seq]
+            kept = []
+            for item in self.prefills:
+                if item.seq is seq:
+                    self._count_prefill(item, -1)
+                else:
+                    kept.append(item)
+            self.prefills = kept
         self._items = None
 
 
@@ -211,23 +239,28 @@ class _StepTokens:
 
     __slots__ = ("batched", "prefill")
 
-    def __init__(self, config: SchedulerConfig) -> None:
-        self.batched: float = config.max_num_batched_tokens or math.inf
-        self.prefill: float = config.prefill_max_tokens or math.inf
+    def __init__(self, batched: float, prefill: float) -> None:
+        self.batched = batched
+        self.prefill = prefill
 
-    def take(self, num_tokens: int, *, prefill: bool) -> None:
+    def take(self, num_tokens: int, prefill: bool) -> None:
         self.batched -= num_tokens
         if prefill:
             self.prefill -= num_tokens  # may go below 0: an oversize request alone
 
-    def give_back(self, num_tokens: int, *, prefill: bool) -> None:
+    def give_back(self, num_tokens: int, prefill: bool) -> None:
         self.batched += num_tokens
         if prefill:
             self.prefill += num_tokens
 
-    @property
     def prefill_room(self) -> float:
         return min(self.batched, self.prefill)
+
+
+# NOTE: module constants, read on every step (an enum member lookup costs an
+# attribute lookup on its class; these are C globals in the compiled core)
+_PREFILL, _DECODE = Phase.PREFILL, Phase.DECODE
+_WAITING, _RUNNING, _FINISHED = SeqStatus.WAITING, SeqStatus.RUNNING, SeqStatus.FINISHED
 
 
 def _admission_order(seq: Sequence) -> int:
@@ -236,27 +269,6 @@ def _admission_order(seq: Sequence) -> int:
 
 def _limit(value: float) -> int | None:
     return None if math.isinf(value) else int(value)
-
-
-class _ReadOnlyView(SequenceABC[Sequence]):
-    """Read-only view of the waiting queue or the running set handed to
-    policies (no copy)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: deque[Sequence] | list[Sequence]) -> None:
-        self._items = items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        if isinstance(index, slice):  # a deque takes no slices
-            return [self._items[i] for i in range(*index.indices(len(self._items)))]
-        return self._items[index]
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._items)
 
 
 def _report(out: SchedulerOutput, end_s: float) -> StepReport:
@@ -310,6 +322,7 @@ class Scheduler:
         self.decoding: list[Sequence] = []  # running, prefill complete, admission order
         self.num_submitted = 0
         self.num_preemptions = 0
+        self.num_outputs = 0  # outputs applied (a multi-step decode run counts once)
         self.max_used_blocks = 0
         self._admission_round = 0
         self._phases: deque[Phase] = deque()
@@ -319,6 +332,12 @@ class Scheduler:
         self._observes = bool(policy.observes_steps)
         self._num_admissions = 0  # stays begun: orders the decoding list by admission
         self._num_may_stop = 0  # running requests that may stop early (not ignore_eos)
+        # the config's limits read on every step (a config is frozen)
+        self._block_size = config.block_size
+        self._max_num_seqs = config.max_num_seqs
+        self._seat_cap = config.effective_prefill_max_seqs
+        self._step_batched: float = config.max_num_batched_tokens or math.inf
+        self._step_prefill: float = config.prefill_max_tokens or math.inf
 
     # ----------------------------------------------------------------- requests
     def add_request(self, request: Request, now_s: float) -> Sequence:
@@ -384,13 +403,15 @@ class Scheduler:
         ended, self._ended = self._ended, []
         return ended
 
-    def release_steps(self, min_held: int = 1 << 20) -> None:
+    def release_steps(self, min_held: int | None = None) -> None:
         """Drop the step log's steps that no waiting or running request refers to,
-        once it holds more than ``min_held`` steps (memory flat in run length).
-        Call it after the requests from :meth:`pop_ended` were recorded: their
-        token times come from the steps."""
+        once it holds more than ``min_held`` steps (default
+        :data:`RELEASE_MIN_HELD`; memory flat in run length). Call it after the
+        requests from :meth:`pop_ended` were recorded: their token times come
+        from the steps."""
         log = self.step_log
-        if log.num_steps - log.first_kept_step <= min_held or self._ended:
+        held = RELEASE_MIN_HELD if min_held is None else min_held
+        if log.num_steps - log.first_kept_step <= held or self._ended:
             return
         oldest = log.num_steps
         for seq in self._live.values():
@@ -425,8 +446,14 @@ class Scheduler:
     def _schedule(self, now_s: float) -> SchedulerOutput:
         # by the policy itself, then by phases that had nothing to run
         preempted = self._policy_actions(now_s) if self._acts and self.waiting else []
-        for phase in self._next_phases(now_s):
-            out = self._plan(phase, now_s)
+        # the rest of the current iteration, then (once) a whole new one
+        phases, refilled = self._phases, False
+        while phases or not refilled:
+            if not phases:
+                phases.extend(self._iteration_phases(now_s))
+                refilled = True
+                continue
+            out = self._plan(phases.popleft(), now_s)
             if not out.is_empty:
                 out.preempted[:0] = preempted
                 return out
@@ -445,14 +472,6 @@ class Scheduler:
         out = SchedulerOutput(self.step_log.num_steps, None)
         out.preempted = preempted
         return out
-
-    def _next_phases(self, now_s: float) -> Iterator[Phase]:
-        """The rest of the current iteration, then (once) a whole new one."""
-        while self._phases:
-            yield self._phases.popleft()
-        self._phases.extend(self._iteration_phases(now_s))
-        while self._phases:
-            yield self._phases.popleft()
 
     def _iteration_phases(self, now_s: float) -> tuple[Phase, ...]:
         has_decodes = bool(self.decoding)
@@ -473,27 +492,26 @@ class Scheduler:
         return tuple(phases)
 
     def _free_seats(self) -> int:
-        cfg = self.config
-        return min(cfg.effective_prefill_max_seqs, cfg.max_num_seqs - len(self.running))
+        return min(self._seat_cap, self._max_num_seqs - len(self.running))
 
     def _has_prefill_work(self) -> bool:
         return bool(self.prefilling) or (bool(self.waiting) and self._free_seats() > 0)
 
+    def _cost(self, seq: Sequence) -> int:
+        """Prompt tokens ``seq`` would compute if admitted now (``PolicyContext.cost``)."""
+        num_cached = self.block_manager.num_cached_tokens(seq)
+        return min(seq.num_tokens - self._ready_tokens(seq, num_cached), self.config.max_model_len)
+
     def _context(self, now_s: float) -> PolicyContext:
         bm = self.block_manager
-        max_len = self.config.max_model_len
-
-        def cost(seq: Sequence) -> int:
-            return min(seq.num_tokens - self._ready_tokens(seq, bm.num_cached_tokens(seq)), max_len)
-
         return PolicyContext(
             now_s=now_s,
             admission_round=self._admission_round,
             num_running=len(self.running),
             num_waiting=len(self.waiting),
-            max_model_len=max_len,
-            cost=cost,
-            running=_ReadOnlyView(self.running),
+            max_model_len=self.config.max_model_len,
+            cost=self._cost,
+            running=ReadOnlyView(self.running),
             num_free_blocks=bm.num_free_blocks,
             block_size=self.config.block_size,
             max_num_seqs=self.config.max_num_seqs,
@@ -513,46 +531,24 @@ class Scheduler:
         """
         where = f"policy {self.policy_name!r}"
         if self.policy.may_drop:
-            ctx = self._context(now_s)
-            for seq in self._named(
-                self.policy.drop(_ReadOnlyView(self.waiting), ctx), where, "drop"
-            ):
-                if seq.status is not SeqStatus.WAITING:
-                    raise PolicyError(f"{where} asked to drop {seq!r}, which is not waiting")
+            answer = self.policy.drop(ReadOnlyView(self.waiting), self._context(now_s))
+            for seq in checked_named(answer, live=self._live, where=where, what="drop"):
                 self.waiting.remove(seq)
                 self._end(seq, SeqStatus.REJECTED, now_s, reject_reason=f"dropped by {where}")
         if not self.policy.may_preempt or not self.waiting or not self.running:
             return []
-        victims = self._named(
-            self.policy.preempt(_ReadOnlyView(self.waiting), self._context(now_s)), where, "preempt"
-        )
-        for seq in victims:
-            if seq.status is not SeqStatus.RUNNING:
-                raise PolicyError(f"{where} asked to preempt {seq!r}, which is not running")
+        answer = self.policy.preempt(ReadOnlyView(self.waiting), self._context(now_s))
+        victims = checked_named(answer, live=self._live, where=where, what="preempt")
         for seq in reversed(victims):  # the first named ends at the head of the queue
             self._preempt(seq)
         return victims
 
-    def _named(self, answer: object, where: str, what: str) -> list[Sequence]:
-        if not isinstance(answer, list):
-            raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
-        seen: set[int] = set()
-        for seq in answer:
-            if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
-                raise PolicyError(
-                    f"{where} asked to {what} {seq!r}, which this scheduler does not hold"
-                )
-            if seq.seq_id in seen:
-                raise PolicyError(f"{where} asked to {what} {seq!r} twice")
-            seen.add(seq.seq_id)
-        return answer
-
     def _plan(self, phase: Phase, now_s: float) -> SchedulerOutput:
         out = SchedulerOutput(self.step_log.num_steps, phase)
-        room = _StepTokens(self.config)
-        if phase is not Phase.PREFILL:
+        room = _StepTokens(self._step_batched, self._step_prefill)
+        if phase is not _PREFILL:
             self._schedule_decodes(out, room, now_s)
-        if phase is not Phase.DECODE:
+        if phase is not _DECODE:
             self._schedule_partial_prefills(out, room, now_s)
             if not out.preempted:  # as vLLM v1: no admission in a step that preempted
                 self._schedule_admissions(out, room, now_s)
@@ -564,35 +560,34 @@ class Scheduler:
         the pool is dry (victim chosen by the policy)."""
         decodes, contexts = out.decodes, out.decode_contexts
         context = 0
-        running = SeqStatus.RUNNING
         for seq in list(self.decoding):
             # a victim preempted earlier in this loop is WAITING now: skip it
-            if seq.status is not running:
+            if seq.status is not _RUNNING:
                 continue
-            num_tokens = seq.request.num_prompt_tokens + seq.num_output_tokens
+            num_tokens = seq.num_prompt_tokens + seq.num_output_tokens
             if seq.kv_slots < num_tokens and not self._reserve(seq, num_tokens, out, room, now_s):
                 continue
             decodes.append(seq)
             contexts.append(num_tokens)
             context += num_tokens
         out.decode_context_tokens += context
-        room.take(len(decodes), prefill=False)
+        room.take(len(decodes), False)
 
     def _schedule_partial_prefills(
         self, out: SchedulerOutput, room: _StepTokens, now_s: float
     ) -> None:
         """The next chunk of every running request whose prefill is unfinished."""
         for seq in list(self.prefilling):
-            if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
+            if seq.status is not _RUNNING:  # preempted earlier in this loop
                 continue
-            chunk = self._chunk_size(seq.num_uncomputed_tokens, room.prefill_room)
+            chunk = self._chunk_size(seq.num_uncomputed_tokens, room.prefill_room())
             if chunk <= 0:
                 break
             start = seq.num_computed_tokens
             if not self._reserve(seq, start + chunk, out, room, now_s):
                 break
-            out.prefills.append(self._item(seq, start, chunk))
-            room.take(chunk, prefill=True)
+            out.add_prefill(self._item(seq, start, chunk))
+            room.take(chunk, True)
 
     def _chunk_size(self, num_uncomputed: int, room: float) -> int:
         """Tokens of a prefill to compute now: all of them, or (chunked prefill)
@@ -633,12 +628,12 @@ class Scheduler:
     def _unschedule(self, out: SchedulerOutput, victim: Sequence, room: _StepTokens) -> None:
         if victim in out.decodes:
             out.remove(victim)
-            room.give_back(1, prefill=False)
+            room.give_back(1, False)
             return
         for item in out.prefills:
             if item.seq is victim:
                 out.remove(victim)
-                room.give_back(item.num_new_tokens, prefill=True)
+                room.give_back(item.num_new_tokens, True)
                 return
 
     def _pick_victim(self, now_s: float) -> Sequence:
@@ -670,7 +665,7 @@ class Scheduler:
     # ------------------------------------------------------------- admission
     def _schedule_admissions(self, out: SchedulerOutput, room: _StepTokens, now_s: float) -> None:
         seats = self._free_seats()
-        if not self.waiting or seats <= 0 or room.prefill_room <= 0:
+        if not self.waiting or seats <= 0 or room.prefill_room() <= 0:
             return
         self._admission_round += 1
         ctx = self._context(now_s)
@@ -680,13 +675,21 @@ class Scheduler:
             num_free_blocks=self.block_manager.num_free_blocks,
             max_batched_tokens=_limit(room.batched),
         )
-        selection = self.policy.admit(_ReadOnlyView(self.waiting), budget, ctx)
+        selection = self.policy.admit(ReadOnlyView(self.waiting), budget, ctx)
         admitted: set[int] = set()
-        for seq, num_tokens in self._validated(selection, budget, ctx):
+        choices = checked_admission(
+            selection,
+            budget,
+            ctx,
+            live=self._live,
+            chunked_prefill=self.config.enable_chunked_prefill,
+            where=f"policy {self.policy_name!r}",
+        )
+        for seq, num_tokens in choices:
             item = self._admit(seq, num_tokens, out, room, now_s)
             if item is None:
                 break  # keep FIFO semantics: the rest wait (blocks, room, partial cap)
-            out.prefills.append(item)
+            out.add_prefill(item)
             admitted.add(seq.seq_id)
         self._remove_from_waiting(admitted)
 
@@ -719,7 +722,7 @@ class Scheduler:
             seq.num_cached_prompt_tokens = min(num_hit, seq.num_prompt_tokens)
             seq.admitted_s = now_s
             bm.record_prefix_query(seq, seq.num_cached_prompt_tokens)
-        seq.status = SeqStatus.RUNNING
+        seq.status = _RUNNING
         seq.num_computed_tokens = num_cached
         seq.stays.append([None, None])
         seq.in_prefill = True
@@ -729,7 +732,7 @@ class Scheduler:
         self.prefilling.append(seq)
         if not seq.request.sampling.ignore_eos:
             self._num_may_stop += 1
-        room.take(chunk, prefill=True)
+        room.take(chunk, True)
         return self._item(seq, num_cached, chunk)
 
     @staticmethod
@@ -747,86 +750,10 @@ class Scheduler:
         cap = self.config.max_num_partial_prefills
         if cap is None:
             return True
-        completing = sum(1 for item in out.prefills if item.samples)
+        completing = 0
+        for item in out.prefills:
+            completing += item.samples
         return len(self.prefilling) - completing < cap
-
-    def _validated(
-        self, selection: object, budget: Budget, ctx: PolicyContext
-    ) -> Iterator[tuple[Sequence, int | None]]:
-        """The policy's answer as ``(seq, chunk or None)`` pairs, checked.
-
-        Admission stops at the first request that cannot start, so without a
-        prompt-token budget each choice is checked as it is taken and the ones
-        after the stop are never walked (a round costs what it admits). With a
-        budget or explicit chunks, the whole answer is checked first: costs must
-        be read before admissions change the prefix cache (an eviction raises a
-        later request's cost, a new cached block lowers it), and such an answer
-        is short anyway (every cost is >= 1 token).
-
-        Raises:
-            PolicyError: naming the plugin and what is wrong.
-        """
-        where = f"policy {self.policy_name!r}"
-        if not isinstance(selection, list):
-            raise PolicyError(f"{where} returned {type(selection).__name__}, expected a list")
-        if len(selection) > budget.max_seqs:
-            raise PolicyError(
-                f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
-            )
-        checked = self._checked_choices(where, selection, budget, ctx)
-        if budget.max_tokens is None and not any(isinstance(c, tuple) for c in selection):
-            return checked
-        choices = list(checked)
-        if len(choices) > 1 and budget.max_tokens is not None:
-            total = sum(ctx.cost(seq) if n is None else n for seq, n in choices)
-            if total > budget.max_tokens:
-                raise PolicyError(
-                    f"{where} selected {total} prompt tokens over a budget of "
-                    f"{budget.max_tokens} (only a single request may exceed it)"
-                )
-        return iter(choices)
-
-    def _checked_choices(
-        self, where: str, selection: list, budget: Budget, ctx: PolicyContext
-    ) -> Iterator[tuple[Sequence, int | None]]:
-        seen: set[int] = set()
-        explicit = 0
-        for choice in selection:
-            seq, num_tokens = self._choice(where, choice, seen, ctx)
-            seen.add(seq.seq_id)
-            explicit += num_tokens or 0
-            if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
-                raise PolicyError(
-                    f"{where} asked for {explicit} chunk tokens; the step has "
-                    f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
-                )
-            yield seq, num_tokens
-
-    def _choice(
-        self, where: str, choice: object, seen: set[int], ctx: PolicyContext
-    ) -> tuple[Sequence, int | None]:
-        seq, num_tokens = (
-            choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
-        )
-        if not isinstance(seq, Sequence) or self._live.get(seq.request_id) is not seq:
-            raise PolicyError(f"{where} selected {seq!r}, which this scheduler does not hold")
-        if seq.seq_id in seen:
-            raise PolicyError(f"{where} selected {seq!r} twice")
-        if seq.status is not SeqStatus.WAITING:
-            raise PolicyError(f"{where} selected {seq!r}, which is not waiting")
-        if num_tokens is None:
-            return seq, None
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
-            raise PolicyError(f"{where} gave {seq!r} a chunk of {num_tokens!r}; expected an int")
-        if not self.config.enable_chunked_prefill:
-            raise PolicyError(f"{where} asked for a chunk of {seq!r} but chunked prefill is off")
-        cost = ctx.cost(seq)
-        if not 0 < num_tokens <= cost:
-            raise PolicyError(
-                f"{where} gave {seq!r} a chunk of {num_tokens} tokens; expected 1..{cost} "
-                "(its uncached tokens)"
-            )
-        return seq, num_tokens
 
     def _remove_from_waiting(self, seq_ids: set[int]) -> None:
         if not seq_ids:
@@ -860,7 +787,7 @@ class Scheduler:
         neither preempts nor drops, or nothing waits)."""
         if not (self._acts and self.waiting):
             return math.inf
-        return float(self.policy.quiet_until(_ReadOnlyView(self.waiting), self._context(now_s)))
+        return float(self.policy.quiet_until(ReadOnlyView(self.waiting), self._context(now_s)))
 
     def max_decode_run(self, out: SchedulerOutput) -> int:
         """How many consecutive decode steps the planned output ``out`` may cover
@@ -873,13 +800,18 @@ class Scheduler:
             >= 1 (1 when ``out`` cannot be extended).
         """
         if (
-            out.phase is not Phase.DECODE
+            out.phase is not _DECODE
             or out.preempted
             or len(out.decodes) != len(self.running)
             or not self._decode_run_possible()
         ):
             return 1
-        return min(s.request.max_output_tokens - s.num_output_tokens for s in out.decodes)
+        num_steps = -1
+        for seq in out.decodes:
+            left = seq.max_output_tokens - seq.num_output_tokens
+            if num_steps < 0 or left < num_steps:
+                num_steps = left
+        return num_steps
 
     def extend_decode_run(self, out: SchedulerOutput, num_steps: int) -> None:
         """Let the pure decode output ``out`` cover ``num_steps`` steps, or fewer:
@@ -891,11 +823,12 @@ class Scheduler:
         if num_steps > self.max_decode_run(out):
             raise ValueError(f"num_steps {num_steps} exceeds max_decode_run()")
         decodes, contexts = out.decodes, out.decode_contexts
-        bm, block_size = self.block_manager, self.config.block_size
+        bm, block_size = self.block_manager, self._block_size
         free = bm.num_free_blocks
         while num_steps > 1:
             extra, need = num_steps - 1, 0
-            for seq, num_tokens in zip(decodes, contexts):
+            for i in range(len(decodes)):
+                seq, num_tokens = decodes[i], contexts[i]
                 if seq.kv_slots < num_tokens + extra:
                     need += -(-(num_tokens + extra) // block_size) - seq.kv_slots // block_size
             if need <= free:
@@ -904,7 +837,8 @@ class Scheduler:
         if num_steps <= 1:
             return
         extra = num_steps - 1
-        for seq, num_tokens in zip(decodes, contexts):
+        for i in range(len(decodes)):
+            seq, num_tokens = decodes[i], contexts[i]
             if seq.kv_slots < num_tokens + extra:
                 bm.grow(seq, num_tokens + extra)
         out.num_steps = num_steps
@@ -940,8 +874,10 @@ class Scheduler:
         k = out.num_steps
         if len(ends) != k:
             raise ValueError(f"expected {k} end times, got {len(ends)}")
-        self.step_log.append(ends, carries_decodes=out.phase is not Phase.PREFILL)
-        self.max_used_blocks = max(self.max_used_blocks, self.block_manager.num_used_blocks)
+        self.step_log.append(ends, carries_decodes=out.phase is not _PREFILL)
+        self.num_outputs += 1
+        bm = self.block_manager
+        self.max_used_blocks = max(self.max_used_blocks, bm.num_blocks - bm._num_free())
         tokens = iter(sampled_token_ids) if sampled_token_ids is not None else None
         end_s = float(ends[-1])
         finished: list[Sequence] = []
@@ -949,7 +885,7 @@ class Scheduler:
             seq.num_computed_tokens += k  # each step computes the last sampled token
             if tokens is None:  # counts only (the simulator): finish on length
                 num_output = seq.num_output_tokens = seq.num_output_tokens + k
-                if num_output >= seq.request.max_output_tokens:
+                if num_output >= seq.max_output_tokens:
                     self._finish_running(seq, end_s)
                     finished.append(seq)
             elif self._sampled(seq, next(tokens), out, end_s):
@@ -995,7 +931,7 @@ class Scheduler:
             seq.output_token_ids.append(token)
             sampling = seq.request.sampling
             stop = not sampling.ignore_eos and token in sampling.stop_token_ids
-        if not stop and seq.remaining_output_tokens > 0:
+        if not stop and seq.max_output_tokens > seq.num_output_tokens:
             return False
         self._finish_running(seq, end_s, stop_reason="stop" if stop else "length")
         return True
@@ -1006,7 +942,7 @@ class Scheduler:
             self._num_may_stop -= 1
         self._close_stay(seq)
         self.block_manager.free(seq)
-        self._end(seq, SeqStatus.FINISHED, end_s, stop_reason=stop_reason)
+        self._end(seq, _FINISHED, end_s, stop_reason=stop_reason)
 
     def _close_stay(self, seq: Sequence) -> None:
         if seq.stays and seq.stays[-1][1] is None:

@@ -53,6 +53,10 @@ class Sequence:
             by the BlockManager.
         prefix_hit: the BlockManager's memo of this request's prefix-cache hit
             (see ``BlockManager.lookup``).
+        kv_slots: tokens its KV blocks hold (kept by the BlockManager).
+        admission_index: order of its current stay's admission (the scheduler's).
+        num_prompt_tokens: the request's prompt length (tokens).
+        max_output_tokens: the request's output length limit (tokens).
     """
 
     __slots__ = (
@@ -74,6 +78,8 @@ class Sequence:
         "prefix_hit",
         "kv_slots",
         "admission_index",
+        "num_prompt_tokens",
+        "max_output_tokens",
     )
 
     def __init__(self, seq_id: int, request: Request) -> None:
@@ -95,6 +101,9 @@ class Sequence:
         self.prefix_hit: object | None = None
         self.kv_slots = 0  # tokens its KV blocks hold (kept by the BlockManager)
         self.admission_index = -1  # order of its current stay's admission (the scheduler's)
+        # the request's lengths, copied for hot loops (a Request is immutable)
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.max_output_tokens = request.max_output_tokens
 
     @property
     def request_id(self) -> str:
@@ -102,25 +111,14 @@ class Sequence:
         return self.request.request_id
 
     @property
-    def num_prompt_tokens(self) -> int:
-        """Prompt length in tokens."""
-        return self.request.num_prompt_tokens
-
-    @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
-        return self.request.num_prompt_tokens + self.num_output_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to compute before the next token can be sampled."""
         return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def is_decoding(self) -> bool:
-        """True when running with its (re)prefill complete: each step computes its
-        last sampled token and samples the next."""
-        return self.status is SeqStatus.RUNNING and not self.in_prefill
 
     @property
     def arrival_time_s(self) -> float:
@@ -130,7 +128,7 @@ class Sequence:
     @property
     def remaining_output_tokens(self) -> int:
         """Output tokens left before the length limit."""
-        return self.request.max_output_tokens - self.num_output_tokens
+        return self.max_output_tokens - self.num_output_tokens
 
     @property
     def is_done(self) -> bool:

@@ -11,16 +11,25 @@ and aborts the request, which frees its KV blocks at the next step boundary.
 As a public endpoint: a body over ``max_request_bytes`` is refused (413) before
 or while it arrives, a body must arrive within ``timeout_request_body_s`` (408), and
 JSON decoding, checking and tokenizing run on one parser thread, never on the
-event loop, so one large request cannot stall ``/health`` or other streams.
-Every error is OpenAI's JSON error object; none carries a traceback.
+event loop, with the garbage collector paused (:func:`roseinfer.serve.protocol.parse_body`)
+and the heap built before serving frozen (:func:`freeze_startup_heap`), so one
+large request cannot stall ``/health`` or other streams. Every error is OpenAI's
+JSON error object; none carries a traceback. Every answer to a completion route
+is counted once in ``/metrics`` (``roseinfer_requests_total`` by outcome).
+If the engine fails, bodies still arriving are answered 503 at once, so the
+server exits without waiting for slow uploads.
+
 :func:`server_config` adds what uvicorn lacks: a connection that has not sent a
 complete request head within ``timeout_keep_alive`` seconds (of opening, or of
-its previous response) is closed, even if it trickles bytes (slowloris).
+its previous response) is closed, even if it trickles bytes (slowloris); and
+``limit_concurrency`` bounds the requests in flight (idle connections do not
+count), answering more with a JSON 503 that ``/metrics`` counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -66,6 +75,12 @@ class ServerState:
     parser: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rose-serve-parser")
     )
+    engine_ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set (from the lifespan's startup on) once the engine's worker has ended."""
+
+    def count(self, outcome: str) -> None:
+        """Count one answered request as ``outcome`` (``roseinfer_requests_total``)."""
+        self.metrics.requests.labels(outcome).inc()
 
 
 class _Run:
@@ -105,8 +120,7 @@ class _Run:
         self.state.engine.abort(self.rid, discard=True)
         with suppress(Exception):
             await self.stream.aclose()
-        outcome = self.finish_reason or ("aborted" if self.disconnected else "failed")
-        self.state.metrics.requests.labels(outcome).inc()
+        self.state.count(self.finish_reason or ("aborted" if self.disconnected else "failed"))
 
 
 async def _watch_disconnect(request: Request, run: _Run) -> None:
@@ -125,19 +139,43 @@ def _add(state: ServerState, gen: Generation) -> tuple[str, float]:
             list(gen.prompt_ids), max_tokens=gen.max_tokens, sampling=gen.sampling, stop=gen.stop
         )
     except QueueFullError as err:
-        state.metrics.requests.labels("refused_503").inc()
         raise ApiError(503, f"server busy: {err}") from None
     except EngineClosedError as err:
         raise ApiError(503, f"the engine is not running: {err}") from None
     except InvalidRequestError as err:
-        state.metrics.requests.labels("refused_400").inc()
         raise protocol.bad(err.field, str(err).removeprefix(f"{err.field} ")) from None
     return rid, added_s
 
 
-async def _generate(request: Request, gen: Generation, chat: bool) -> Response:
+async def _completion(
+    request: Request,
+    parse: Callable[[Any, ModelContext], Generation],
+    chat: bool,
+    limits: tuple[int, float],
+) -> Response:
+    """Read, parse and add a request, then answer it. Counted once: by its
+    status (``refused_<status>``, ``error_500``; ``aborted`` if the client left
+    mid-body) when it never reaches the engine, else by how it ended (:class:`_Run`)."""
     state: ServerState = request.app.state.rose
-    rid, added_s = _add(state, gen)
+    try:
+        raw = await _read_body(request, *limits, state.engine_ended)
+        gen = await _parse(state, parse, raw)
+        rid, added_s = _add(state, gen)
+    except ApiError as err:
+        state.count(f"refused_{err.status}")
+        raise
+    except ClientDisconnect:
+        state.count("aborted")
+        raise
+    except Exception:
+        state.count("error_500")
+        raise
+    return await _generate(request, state, gen, chat, rid, added_s)
+
+
+async def _generate(
+    request: Request, state: ServerState, gen: Generation, chat: bool, rid: str, added_s: float
+) -> Response:
     run = _Run(state, rid, gen, added_s)
     watcher = asyncio.create_task(_watch_disconnect(request, run))
     try:
@@ -219,14 +257,19 @@ def _error_response(err: ApiError) -> Response:
     return _ErrorResponse(err.body(), status_code=err.status)
 
 
-async def _read_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
-    """The request's body: at most ``max_bytes``, within ``timeout_s``.
+async def _read_body(
+    request: Request, max_bytes: int, timeout_s: float, engine_ended: asyncio.Event
+) -> bytes:
+    """The request's body: at most ``max_bytes``, within ``timeout_s``, unless the
+    engine ends first.
 
     A declared ``Content-Length`` over the limit is refused before any byte is
     read, a chunked body as soon as it passes the limit.
 
     Raises:
-        ApiError: 413 when it is too large, 408 when it does not arrive in time.
+        ApiError: 413 when it is too large, 408 when it does not arrive in time,
+            503 as soon as ``engine_ended`` is set (the server then exits without
+            waiting for the rest of the body).
         ClientDisconnect: when the client leaves first.
     """
     # NOTE: not FastAPI's max_body_size: its 413 is plain text, and it replaces the
@@ -246,12 +289,21 @@ async def _read_body(request: Request, max_bytes: int, timeout_s: float) -> byte
                 raise too_large
         return bytes(body)
 
+    reading = asyncio.ensure_future(read())
+    ended = asyncio.ensure_future(engine_ended.wait())
     try:
-        return await asyncio.wait_for(read(), timeout_s)
-    except TimeoutError:
-        raise ApiError(
-            408, f"the request body did not arrive within {timeout_s:g} s (--timeout-request-body)"
-        ) from None
+        await asyncio.wait((reading, ended), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (reading, ended):
+            task.cancel()
+        await asyncio.gather(reading, ended, return_exceptions=True)
+    if reading.done() and not reading.cancelled():
+        return reading.result()  # the body, or its 413 / ClientDisconnect
+    if ended.done() and not ended.cancelled():
+        raise ApiError(503, "the engine stopped; the server is shutting down")
+    raise ApiError(
+        408, f"the request body did not arrive within {timeout_s:g} s (--timeout-request-body)"
+    )
 
 
 def build_app(
@@ -277,6 +329,8 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup_heap()
+        _notify_engine_end(state)
         yield
         await asyncio.to_thread(state.engine.close)
         state.parser.shutdown(wait=False, cancel_futures=True)
@@ -315,18 +369,40 @@ def _error_handlers(app: FastAPI) -> None:
         return _error_response(ApiError(500, "internal server error"))
 
 
+def freeze_startup_heap() -> None:
+    """Collect garbage once, then move every object alive now (the model, torch,
+    transformers: about 450,000 objects) to the collector's permanent generation
+    (``gc.freeze``), where full collections no longer walk them.
+
+    Called when serving starts, after the model is built and warmed up. Before,
+    each full collection walked them all: 0.3-1.0 s with the GIL held (2-core CPU),
+    set off by any burst of allocations such as decoding a large body.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def _notify_engine_end(state: ServerState) -> None:
+    """Set ``state.engine_ended`` on this event loop once the engine's worker ends."""
+    loop = asyncio.get_running_loop()
+
+    def ended(error: BaseException | None) -> None:
+        with suppress(RuntimeError):  # the loop closed first: nobody waits
+            loop.call_soon_threadsafe(state.engine_ended.set)
+
+    state.engine.add_done_callback(ended)
+
+
 def _routes(app: FastAPI, state: ServerState, max_bytes: int, timeout_s: float) -> None:
+    limits = (max_bytes, timeout_s)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        raw = await _read_body(request, max_bytes, timeout_s)
-        gen = await _parse(state, protocol.parse_completion, raw)
-        return await _generate(request, gen, chat=False)
+        return await _completion(request, protocol.parse_completion, False, limits)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        raw = await _read_body(request, max_bytes, timeout_s)
-        gen = await _parse(state, protocol.parse_chat, raw)
-        return await _generate(request, gen, chat=True)
+        return await _completion(request, protocol.parse_chat, True, limits)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -341,6 +417,7 @@ def _routes(app: FastAPI, state: ServerState, max_bytes: int, timeout_s: float) 
 
     @app.get("/health")
     async def health() -> Response:
+        # NOTE: alive takes no lock and the route awaits nothing: never waits for a step
         if not state.engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -355,31 +432,35 @@ async def _parse(
 ) -> Generation:
     """Decode, check and tokenize a body on the parser thread (off the event loop)."""
     loop = asyncio.get_running_loop()
-    try:
-        return await loop.run_in_executor(state.parser, _decode_and_parse, state, parse, raw)
-    except ApiError:
-        state.metrics.requests.labels("refused_400").inc()
-        raise
-
-
-def _decode_and_parse(
-    state: ServerState, parse: Callable[[Any, ModelContext], Generation], raw: bytes
-) -> Generation:
-    return parse(protocol.decode_body(raw), state.model)
+    return await loop.run_in_executor(state.parser, protocol.parse_body, raw, parse, state.model)
 
 
 # ------------------------------------------------------------------ uvicorn
 class HeadTimeoutH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on request heads.
+    """uvicorn's h11 protocol with a deadline on request heads, and a limit on
+    requests in flight rather than on connections.
 
     uvicorn arms ``timeout_keep_alive`` only after a response and disarms it on
     any byte, so a connection that sends half a head, or one byte every few
     seconds, stays open for good (slowloris). Here a connection with no request
     in progress is closed ``timeout_keep_alive`` seconds after it opened or after
     its previous response, whatever it sends meanwhile.
+
+    uvicorn's ``limit_concurrency`` refuses every request while the open
+    connections reach it, idle keep-alive ones included (a client pool of 156
+    connections with 6 requests in flight got 503s under a limit of 70), with a
+    plain-text body. Here it bounds the requests in flight (streams included):
+    one more gets OpenAI's JSON error (503), counted in ``/metrics`` as
+    ``refused_503``. Idle connections are bounded by the head deadline.
     """
 
     _head_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limit, self.limit_concurrency = self.limit_concurrency, None  # uvicorn's check: off
+        if limit is not None:
+            self.app = _RequestLimit(self.app, limit, self.server_state.tasks, self.config.app)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -406,6 +487,38 @@ class HeadTimeoutH11Protocol(H11Protocol):
             self.timeout_keep_alive_handler()
 
 
+class _RequestLimit:
+    """ASGI: a JSON 503 for a request while ``limit`` others are in flight.
+
+    Args:
+        app: the ASGI app behind it.
+        limit: most requests in flight.
+        tasks: uvicorn's set of request tasks (``server_state.tasks``); a request's
+            task is in it before the request reaches the app.
+        served: the app given to uvicorn; refusals are counted in its
+            ``state.rose`` (a :class:`ServerState`) when it has one.
+    """
+
+    def __init__(self, app: Any, limit: int, tasks: set[Any], served: Any) -> None:
+        self.app, self.limit, self.tasks = app, limit, tasks
+        self.state: ServerState | None = getattr(getattr(served, "state", None), "rose", None)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or len(self.tasks) <= self.limit:
+            await self.app(scope, receive, send)
+            return
+        if self.state is not None:
+            self.state.count("refused_503")
+        err = ApiError(
+            503,
+            f"server busy: {self.limit} requests in flight (--limit-concurrency {self.limit}); "
+            "retry later",
+        )
+        response = _error_response(err)
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
 def server_config(
     app: FastAPI,
     *,
@@ -417,7 +530,8 @@ def server_config(
 ) -> uvicorn.Config:
     """uvicorn's config for ``app``: h11 with :class:`HeadTimeoutH11Protocol`,
     ``timeout_keep_alive_s`` (idle connections and request heads) and
-    ``limit_concurrency`` (connections and tasks at once; more get 503)."""
+    ``limit_concurrency`` (requests in flight at once, streams included; one more
+    gets a JSON 503; idle connections do not count)."""
     return uvicorn.Config(
         app,
         host=host,

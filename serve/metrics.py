@@ -182,8 +182,12 @@ class ServerMetrics:
         )
         self.requests = Counter(
             "roseinfer_requests",
-            "Requests by outcome: length, stop, aborted (client left), failed, "
-            "refused_400, refused_503.",
+            "Completion requests by outcome, each counted once. Reached the engine: length, "
+            "stop, aborted (the client left, also mid-body), failed (rejected by the "
+            "scheduler, sampling failed, the engine stopped). Answered before: refused_<status> "
+            "(400 a bad field, 404 another model, 408 a slow body, 413 a large body, 503 the "
+            "waiting queue full, the engine stopped, or over --limit-concurrency: any route) "
+            "and error_500 (a server fault).",
             ["outcome"],
             registry=self.registry,
         )

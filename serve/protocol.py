@@ -13,19 +13,32 @@ nesting limited by the recursion limit; every cheap field is checked before the
 prompt is tokenized; a prompt longer than ``max_model_len`` tokens, or a text
 longer than ``max_model_len * MAX_CHARS_PER_TOKEN`` characters, is refused
 before tokenizing (the exact token count is checked after).
+
+Decoding is bounded too (:func:`parse_body`): a body holding more JSON values
+than a request to the model can (:attr:`ModelContext.max_json_values`, counted
+from above by its ``[``, ``{`` and ``,`` bytes) is refused before any object is
+built, and a body is decoded and parsed with the cyclic garbage collector
+paused, so its objects (350,000 lists in 1 MB of ``[[],[],...]``) never make the
+collector walk the server's heap while the parsing thread holds the GIL.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
 from roseinfer.executor.validation import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     InvalidRequestError,
     StopTokenIds,
     check_sampling,
@@ -46,6 +59,9 @@ MAX_INT_DIGITS = 100  # longer JSON integers stay text: no field takes one (seed
 # JSON bytes of one character at most: "\uXXXX" (ensure_ascii clients escape every non-ASCII)
 MAX_JSON_BYTES_PER_CHAR = 6
 REQUEST_BYTES_SLACK = 1 << 20  # the other fields: stop strings, messages' framing, options
+# NOTE: JSON values of a body beyond its prompt and stop conditions: chat messages'
+# framing (3 per message), options, fields a server ignores (e.g. tools' schemas)
+JSON_VALUES_SLACK = 1 << 16
 DEFAULT_TIMEOUT_REQUEST_BODY_S = (
     30.0  # s for a body: the 2.5 MiB default at 8192 tokens, 0.7 Mbit/s
 )
@@ -112,6 +128,67 @@ def _parse_int(text: str) -> int | HugeInt:
     return HugeInt(text) if len(text) > MAX_INT_DIGITS else int(text)
 
 
+def _parse_float(text: str) -> float:
+    # NOTE: a Python function, as _parse_int: the decoder runs Python code per number,
+    # where another thread may take the GIL; its C float path holds the GIL for a
+    # whole array (300,000 floats: 60 ms on a quiet 2-core CPU)
+    return float(text)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (for every thread) inside the block,
+    then restore it (on again only if it was on).
+
+    The collector runs on allocation counts: decoding a 1 MB body of empty lists
+    makes about 350,000 container objects, which set off full collections, each
+    walking every object the process holds (torch and transformers: 0.3-1.0 s for
+    450,000 objects on a 2-core CPU) while the GIL is held. Objects made and
+    dropped inside the block are freed by reference counting, never walked.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def parse_body(
+    raw: bytes, parse: Callable[[Any, ModelContext], Generation], ctx: ModelContext
+) -> Generation:
+    """Decode a request body and ``parse`` it (:func:`parse_completion`,
+    :func:`parse_chat`) with the garbage collector paused
+    (:func:`collector_paused`); the decoded body is dropped before it resumes.
+
+    Raises:
+        ApiError: 400 (param ``body``) before decoding when the body holds more
+            JSON values than ``ctx.max_json_values``; as :func:`decode_body` and
+            ``parse`` do (raised anew, so its traceback holds no frame that holds
+            the body).
+    """
+    # every value but the outermost follows a ',' or opens its container: <= this + 1
+    num_values = raw.count(b"[") + raw.count(b"{") + raw.count(b",")
+    if num_values > ctx.max_json_values:
+        raise ApiError(
+            400,
+            f"the request body holds up to {num_values} JSON values (its '[', '{{' and ',' "
+            f"bytes); a request to this model holds at most {ctx.max_json_values}: a prompt "
+            f"of {ctx.max_prompt_chars} characters or {ctx.max_model_len} token ids, the stop "
+            f"strings and ids, and {JSON_VALUES_SLACK} more",
+            "body",
+        )
+    with collector_paused():
+        body = decode_body(raw)
+        try:
+            return parse(body, ctx)
+        except ApiError as err:
+            refused = ApiError(err.status, str(err), err.param)
+        del body
+    raise refused
+
+
 def decode_body(raw: bytes) -> dict[str, Any]:
     """A request body as a JSON object.
 
@@ -120,7 +197,7 @@ def decode_body(raw: bytes) -> dict[str, Any]:
             recursion limit), or not an object.
     """
     try:
-        body = json.loads(raw, parse_int=_parse_int)
+        body = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float)
     except RecursionError:
         raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
     except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
@@ -164,6 +241,20 @@ class ModelContext:
         """Most characters of text tokenized for one request (see :data:`MAX_CHARS_PER_TOKEN`)."""
         return self.max_model_len * MAX_CHARS_PER_TOKEN
 
+    @property
+    def max_json_values(self) -> int:
+        """Most JSON values (arrays, objects and their elements) a request body may
+        hold: a prompt of :attr:`max_prompt_chars` characters (each may be a ``[``,
+        ``{`` or ``,``) and ``max_model_len`` token ids, the most stop strings'
+        characters and stop token ids, and :data:`JSON_VALUES_SLACK`."""
+        return (
+            self.max_prompt_chars
+            + self.max_model_len
+            + MAX_STOP_STRINGS * MAX_STOP_STRING_CHARS
+            + MAX_STOP_TOKEN_IDS
+            + JSON_VALUES_SLACK
+        )
+
 
 def _int(body: dict[str, Any], field: str, default: int | None) -> int | None:
     value = body.get(field)
@@ -204,7 +295,7 @@ def _bool(body: dict[str, Any], field: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad(field, f"must be true or false, got {value!r}")
+        raise bad(field, f"must be true or false, got {_clip(value)}")
     return value
 
 
@@ -212,7 +303,7 @@ def _check_model(body: dict[str, Any], ctx: ModelContext) -> None:
     model = body.get("model")
     if model is not None and model != ctx.name:
         raise ApiError(
-            404, f"model {model!r} does not exist; this server serves {ctx.name!r}", "model"
+            404, f"model {_clip(model)} does not exist; this server serves {ctx.name!r}", "model"
         )
 
 
@@ -221,7 +312,7 @@ def _check_no_ops(body: dict[str, Any]) -> None:
         if field in body and not any(
             body[field] == a and type(body[field]) is type(a) for a in allowed
         ):
-            raise bad(field, f"is not supported (only {allowed[1]!r}), got {body[field]!r}")
+            raise bad(field, f"is not supported (only {allowed[1]!r}), got {_clip(body[field])}")
 
 
 def encode_text(text: str, ctx: ModelContext, field: str = "prompt") -> tuple[int, ...]:
@@ -296,8 +387,8 @@ def _sampling(body: dict[str, Any], ctx: ModelContext) -> SamplingParams:
         raise bad("stop_token_ids", f"must be a list of token ids, got {_clip(stop_ids)}")
     stop_ids = list(_checked(check_stop_token_ids, stop_ids))
     eos = getattr(ctx.tokenizer, "eos_token_id", None)
-    if isinstance(eos, int) and not ignore_eos:
-        stop_ids.append(eos)
+    if isinstance(eos, int) and not ignore_eos and eos not in stop_ids:
+        stop_ids.append(eos)  # checked with room for it (MAX_ENGINE_STOP_TOKEN_IDS)
     # NOTE: the engine's ignore_eos turns every stop id off; here it drops EOS only (vLLM's meaning).
     _checked(check_sampling_values, temperature, top_p, top_k)
     params = SamplingParams(
@@ -323,9 +414,11 @@ class _Options:
 
 
 def _options(body: dict[str, Any], ctx: ModelContext) -> _Options:
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise bad("stream_options", f"must be an object, got {_clip(options)}")
+    options = body.get("stream_options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):  # NOTE: [], "" and 0 too: falsy is not absent
+        raise bad("stream_options", f"must be an object or null, got {_clip(options)}")
     return _Options(
         sampling=_sampling(body, ctx),
         stop=_stop(body),

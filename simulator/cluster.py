@@ -342,7 +342,7 @@ class ClusterSimulator:
         frames = []
         for rep in reps:
             rep.scheduler.check_invariants()
-            frame = rep.records.frame()
+            frame = rep.records.drain()  # NOTE: the rows go as the frame is made
             frame["replica"] = rep.index
             if self.disaggregated:
                 frame["stage"] = rep.spec.role

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from roseinfer.calibration.cost_model import BatchShape, CostModel
+from roseinfer._core import core_info
+from roseinfer.calibration.cost_model import BatchShape, CostModel, RooflineCostModel
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
 from roseinfer.metrics.histogram import LogHistogram
@@ -29,6 +30,9 @@ from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
 from roseinfer.sequence import Sequence
+
+if TYPE_CHECKING:
+    import pandas as pd  # NOTE: pandas costs 0.2 s to import; the records build it lazily
 
 
 @dataclass(slots=True)
@@ -81,6 +85,46 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
     return BatchShape.lazy(out.totals(), arrays)
 
 
+COMPILED = not __file__.endswith(".py")  # built by setup.py: price roofline steps in C
+_INF = math.inf  # NOTE: a C constant in the compiled core (no module lookup per step)
+
+
+class _Roofline:
+    """A roofline cost model's step time as a typed function of a step's totals:
+    ``RooflineCostModel._time_s``'s expression in its order, on its
+    :meth:`~roseinfer.calibration.cost_model.RooflineCostModel.pricing_terms`
+    (the compiled core's pricing; equal bit for bit, tested)."""
+
+    __slots__ = (
+        "flops_per_token", "flops_per_seq", "flops_per_attn_pair", "achievable_flops",
+        "weight_bytes", "kv_bytes_per_token", "achievable_bandwidth", "overhead_s", "comm_s",
+        "comm_s_per_token",
+    )  # fmt: skip
+
+    def __init__(self, terms: tuple[float, ...]) -> None:
+        (
+            self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair,
+            self.achievable_flops, self.weight_bytes, self.kv_bytes_per_token,
+            self.achievable_bandwidth, self.overhead_s, self.comm_s, self.comm_s_per_token,
+        ) = terms  # fmt: skip
+
+    def step_s(
+        self, num_tokens: float, num_seqs: float, attn_pairs: float, kv_read_tokens: float
+    ) -> float:
+        """Seconds of one step with these totals (tokens, sequences, attention
+        pairs, KV tokens read)."""
+        compute_s = (
+            self.flops_per_token * num_tokens
+            + self.flops_per_seq * num_seqs
+            + self.flops_per_attn_pair * attn_pairs
+        ) / self.achievable_flops
+        memory_s = (
+            self.weight_bytes + self.kv_bytes_per_token * (kv_read_tokens + num_tokens)
+        ) / self.achievable_bandwidth
+        comm_s = self.comm_s + self.comm_s_per_token * num_tokens
+        return (memory_s if memory_s > compute_s else compute_s) + self.overhead_s + comm_s
+
+
 def _step_ends(now_s: float, times_s: np.ndarray) -> np.ndarray:
     """End times of consecutive steps starting at ``now_s``, summed left to right
     as stepping one at a time sums them (bit-identical: ``np.add.accumulate`` is
@@ -95,12 +139,26 @@ class CostModelBackend:
     Args:
         cost_model: maps a step's batch shape to seconds.
         jump: plan multi-step decode runs (False: one step per output).
+
+    Attributes:
+        extrapolation: counts the executed steps priced outside the shapes a fitted
+            cost model saw (when it has a ``sample_range``), else None.
     """
 
     def __init__(self, cost_model: CostModel, *, jump: bool = True) -> None:
         self.cost_model = cost_model
         self.jump = jump
         self._run_times_s = np.empty(0)
+        self._run_ends_s: list[float] = []  # the priced run's end times (compiled pricing)
+        # NOTE: the interpreted core prices through the cost model (numpy for long
+        # runs); the compiled one prices a roofline step by step in C
+        self._roofline = (
+            _Roofline(cost_model.pricing_terms())
+            if COMPILED and type(cost_model) is RooflineCostModel
+            else None
+        )
+        sample_range = getattr(cost_model, "sample_range", None)
+        self.extrapolation = None if sample_range is None else sample_range.counter()
 
     def decode_run_length(
         self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
@@ -109,6 +167,8 @@ class CostModelBackend:
         arrival is noticed at the end of the step it falls in), at most ``max_steps``."""
         if not self.jump:
             return 1
+        if self._roofline is not None:
+            return self._roofline_run(out, now_s, next_arrival_s, max_steps)
         num_steps = max_steps
         if not math.isinf(next_arrival_s):
             # NOTE: price only the steps that can end before the next arrival: with
@@ -125,15 +185,52 @@ class CostModelBackend:
         ends = _step_ends(now_s, times)
         return min(num_steps, int(np.searchsorted(ends, next_arrival_s, side="left")) + 1)
 
+    def _roofline_run(
+        self, out: SchedulerOutput, now_s: float, next_arrival_s: float, max_steps: int
+    ) -> int:
+        """:meth:`decode_run_length` with the roofline priced step by step: the same
+        step count and end times, kept for :meth:`execute`."""
+        roofline = self._roofline
+        assert roofline is not None
+        num_seqs, context = float(len(out.decodes)), float(out.decode_context_tokens)
+        num_steps = max_steps
+        if next_arrival_s != _INF:
+            first_s = roofline.step_s(num_seqs, num_seqs, context, context)
+            if first_s > 0 and (next_arrival_s - now_s) / first_s < max_steps:
+                num_steps = min(max_steps, int((next_arrival_s - now_s) / first_s) + 2)
+        ends: list[float] = []
+        self._run_ends_s = ends
+        end_s = now_s
+        for j in range(num_steps):
+            step_context = context + num_seqs * j  # every context grows by one per step
+            end_s += roofline.step_s(num_seqs, num_seqs, step_context, step_context)
+            ends.append(end_s)
+            if end_s >= next_arrival_s:
+                return j + 1
+        return num_steps
+
     def execute(self, out: SchedulerOutput, now_s: float) -> StepResult:
         """End times of the output's steps, from the cost model. A step that loads
         KV blocks from a tier (``out.kv_transfers``) also pays their transfer time:
         added to its compute, or overlapped (``max``); offloads cost no time (they
         are asynchronous; see :mod:`roseinfer.kv_tiers`). Loads come only with
         admissions, never with a multi-step decode run."""
+        if self.extrapolation is not None:
+            self.extrapolation.observe(out.totals(), out.num_steps)
         if out.num_steps > 1:
+            if self._roofline is not None:
+                return StepResult(self._run_ends_s[: out.num_steps])
             return StepResult(_step_ends(now_s, self._run_times_s[: out.num_steps]).tolist())
-        step_s = self.cost_model.step_time_s(batch_shape(out))
+        if self._roofline is not None:
+            num_decodes = len(out.decodes)
+            step_s = self._roofline.step_s(
+                float(out.num_prefill_tokens + num_decodes),
+                float(len(out.prefills) + num_decodes),
+                float(out.prefill_attn_pairs + out.decode_context_tokens),
+                float(out.prefill_context_tokens + out.decode_context_tokens),
+            )
+        else:
+            step_s = self.cost_model.step_time_s(batch_shape(out))
         transfers = out.kv_transfers
         if transfers is not None:
             step_s = transfers.step_time_s(step_s)
@@ -199,14 +296,24 @@ class Simulator:
         drive(sched, reqs, backend, VirtualClock(), ended, on_step)
         sched.check_invariants()
         return SimResult(
-            records=records.frame(),
+            records=records.drain(),  # NOTE: the rows go as the frame is made
             scheduler=sched,
             policy=self.policy.label,
             wall_s=time.perf_counter() - start,
             num_steps=sched.step_log.num_steps,
-            info={"cost_model": self.cost_model.describe()},
+            info={
+                "cost_model": self.cost_model.describe(),
+                "sim_core": core_info(),
+                **_extrapolation(backend),
+            },
             itl=records.itl,
         )
+
+
+def _extrapolation(backend: CostModelBackend) -> dict[str, object]:
+    """The run's steps outside the cost model's fitted range, as result keys
+    (:class:`~roseinfer.calibration.step_model.ExtrapolationCounter`); {} without one."""
+    return {} if backend.extrapolation is None else backend.extrapolation.facts()
 
 
 def simulate(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from roseinfer.simulator.cli import main as sim_main
+from roseinfer.cli.sim import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -192,7 +192,7 @@ def test_step_log_with_an_absurd_step_is_refused() -> None:
 def test_profile_refuses_zero_batched_tokens(monkeypatch, capsys, tmp_path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from roseinfer.executor.cli import main as run_main
+    from roseinfer.cli.run import main as run_main
 
     for flag in ("--max-num-batched-tokens", "--max-num-seqs", "--block-size", "--repetitions"):
         code, _, err = run_cli(
@@ -207,12 +207,12 @@ def test_profile_refuses_zero_batched_tokens(monkeypatch, capsys, tmp_path) -> N
 def test_serve_refuses_a_bad_port_before_the_model(monkeypatch, capsys, port) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("fastapi")
-    from roseinfer.serve import cli as serve_cli
+    from roseinfer.cli import serve as serve_cli
 
     def no_model(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("the model loaded before the port was checked")
 
-    monkeypatch.setattr(serve_cli, "build_model", no_model)
+    monkeypatch.setattr(serve_cli, "build_engine", no_model)
     code, _, err = run_cli(serve_cli.main, "rose-serve", monkeypatch, capsys, "--port", port)
     assert "--port" in one_error(code, err, "rose-serve")
 
@@ -285,8 +285,8 @@ def test_gpu_memory_utilization_means_the_same_everywhere() -> None:
     """One help text meaning: share of total device memory for weights + activations +
     KV, as vLLM (rose-run and rose-serve used the share of *free* memory for KV)."""
     pytest.importorskip("torch")
-    from roseinfer.executor.cli import build_parser as run_parser
-    from roseinfer.simulator.cli import build_parser as sim_parser
+    from roseinfer.cli.run import build_parser as run_parser
+    from roseinfer.cli.sim import build_parser as sim_parser
 
     for parser in (sim_parser(), run_parser()):
         action = next(a for a in parser._actions if a.dest == "gpu_memory_utilization")
@@ -295,23 +295,24 @@ def test_gpu_memory_utilization_means_the_same_everywhere() -> None:
 
 
 def test_gpu_memory_utilization_sizes_kv_from_total_memory(monkeypatch) -> None:
-    """rose-run on CUDA: KV = total x utilization - what the process holds (weights)."""
+    """rose-run on CUDA: the memory planner sizes the KV pool from total x utilization
+    less weights, profiled activations and graphs (its rule: tests/test_memory_planner.py,
+    its wiring: tests/test_builder.py); size_kv_pool only hands it the share and the cap."""
     torch = pytest.importorskip("torch")
-    import argparse
+    from types import SimpleNamespace
 
-    from roseinfer.executor import cli
+    from roseinfer.executor import builder
 
-    gib = 2**30
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gib, 80 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 16 * gib)
-    args = argparse.Namespace(kv_cache_memory_gb=None, gpu_memory_utilization=0.9, block_size=16)
-    blocks = cli.default_num_kv_blocks(args, 1024, torch.device("cuda", 0))
-    assert blocks == int((0.9 * 80 - 16) * gib // (1024 * 16))
-    args.gpu_memory_utilization = 0.95  # 76 - 16 = 60 GiB: fits the 60 free
-    cli.default_num_kv_blocks(args, 1024, torch.device("cuda", 0))
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * gib, 80 * gib))
-    with pytest.raises(cli.CliError, match="only 40 GiB are free"):
-        cli.default_num_kv_blocks(args, 1024, torch.device("cuda", 0))
+    def no_reading(device=None):
+        raise AssertionError("the pool is planned when the runner is built, not here")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_reading)
+    loaded = SimpleNamespace(spec=SimpleNamespace(kv_bytes_per_token=1024),
+                             device=torch.device("cuda", 0))  # fmt: skip
+    pool = builder.KVPoolChoice(block_size=16, gpu_memory_utilization=0.9)
+    size = builder.size_kv_pool(pool, loaded, 500)  # type: ignore[arg-type]
+    assert size.planner_utilization == 0.9 and size.num_blocks == 500
+    assert "--gpu-memory-utilization 0.9" in size.source
 
 
 # ------------------------------------------------------------------- surface
@@ -320,7 +321,7 @@ def test_subcommands_appear_in_help(monkeypatch, capsys) -> None:
     assert code == 0 and "rose-sim sweep" in out and "rose-sim capacity" in out
     assert "--no-summary" in out and "--hardware" in out
     pytest.importorskip("torch")
-    from roseinfer.executor.cli import main as run_main
+    from roseinfer.cli.run import main as run_main
 
     code, out, _ = run_cli(run_main, "rose-run", monkeypatch, capsys, "--help")
     assert code == 0 and "rose-run profile" in out
@@ -330,10 +331,10 @@ def test_subcommands_appear_in_help(monkeypatch, capsys) -> None:
 def test_serve_takes_every_policy_option_flag() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("fastapi")
-    from roseinfer.serve.cli import build_parser as serve_parser
+    from roseinfer.cli.serve import build_parser as serve_parser
 
     serve_flags = {o for a in serve_parser()._actions for o in a.option_strings}
-    sim_groups = {g.title: g for g in __import__("roseinfer.simulator.cli", fromlist=["x"])
+    sim_groups = {g.title: g for g in __import__("roseinfer.cli.sim", fromlist=["x"])
                   .build_parser()._action_groups}  # fmt: skip
     policy_flags = {
         o
@@ -356,7 +357,9 @@ def test_seed_004_prints_before_then_after() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("seed_recipes", module)
     spec.loader.exec_module(module)
-    for name in ("004-prefix", "004-prefix-shared"):
-        variants = list(module.SEED_EXPERIMENTS[name].variants.values())
-        assert variants[0]["enable_prefix_caching"] is False  # before: cache off
-        assert variants[1]["enable_prefix_caching"] is True
+    # 004-prefix: before = misses prefilled one request per step (the post's baseline),
+    # after = one batched prefill; 004-prefix-shared: before = cache off, after = on
+    serial, batched = module.SEED_EXPERIMENTS["004-prefix"].variants.values()
+    assert serial["prefill_max_seqs"] == 1 and "prefill_max_seqs" not in batched
+    off, on = module.SEED_EXPERIMENTS["004-prefix-shared"].variants.values()
+    assert off["enable_prefix_caching"] is False and on["enable_prefix_caching"] is True

@@ -181,6 +181,25 @@ def test_hf_config_missing_keys_raise_key_error() -> None:
         model_spec_from_hf_config({"model_type": "mamba"})
 
 
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-qwen2"])
+def test_one_reading_of_a_loaded_config_sizes_kv_as_the_executor_allocates(name: str) -> None:
+    """``ModelSpec.from_hf_config`` takes the config object the executor loads (not
+    only a config.json dict) and prices a token's KV as the runner's tensors hold it
+    (K and V of ``[num_kv_heads, head_dim]`` per layer, at the run's dtype)."""
+    torch = pytest.importorskip("torch")
+    from roseinfer.calibration.specs import ModelSpec
+    from roseinfer.executor.models import build_model, make_adapter
+
+    model, _, _ = build_model(name, seed=0, dtype=torch.float32, device="cpu")
+    shape = make_adapter(model).shape
+    spec = ModelSpec.from_hf_config(model.config, name=name, dtype_bytes=4)
+    assert spec.kv_bytes_per_token == 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * 4
+    assert (spec.name, spec.dtype_bytes, spec.vocab_size) == (name, 4, shape.vocab_size)
+    assert spec == ModelSpec.from_hf_config(model.config.to_dict(), name=name, dtype_bytes=4)
+    with pytest.raises(ValueError, match="a model config is a JSON object or a config"):
+        ModelSpec.from_hf_config("gpt2")
+
+
 # --- batch shape -------------------------------------------------------------
 
 

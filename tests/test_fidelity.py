@@ -120,9 +120,10 @@ def test_real_executor_against_a_quick_profile(tmp_path):
     """
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from roseinfer.executor.facts import model_spec_of
     from roseinfer.executor.model_runner import ModelRunner
     from roseinfer.executor.models import build_model
-    from roseinfer.executor.profiler import model_spec_of, run_profile
+    from roseinfer.executor.profiler import run_profile
     from roseinfer.executor.replay import ExecutorReplay
 
     torch.set_num_threads(1)

@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roseinfer import workloads
-from roseinfer.cli import check_args, friendly_errors, scheduler_config
-from roseinfer.registry import Registry, load_registry
-from roseinfer.simulator import cli as sim_cli
+from roseinfer.cli import sim as sim_cli
+from roseinfer.cli.config import check_args
+from roseinfer.cli.flags import friendly_errors, warn_to
+from roseinfer.registry import Registry, load_registry, warning_sink
 
 FUZZ = settings(
     # NOTE: ROSE_FUZZ_EXAMPLES=2000 for a longer hunt; 120 keeps the file near 15 s.
@@ -49,7 +50,7 @@ def outcome(prog: str, work: Callable[[], object]) -> tuple[int, list[str]]:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
-            with friendly_errors(prog):
+            with friendly_errors(prog), warning_sink(warn_to(prog)):  # as run_main does
                 work()
             code = 0
         except SystemExit as exit_:
@@ -186,12 +187,9 @@ def flag_argv(parser: argparse.ArgumentParser):  # type: ignore[no-untyped-def]
 
 def check_sim(argv: list[str]) -> None:
     args = sim_cli.build_parser().parse_args(argv)
-    check_args(args, registry())
+    options = check_args(args, registry())
     if args.cost_model is None:  # the setup reads no file unless --model is a path
-        setup = sim_cli._roofline_setup(args)
-        scheduler_config(
-            args, registry(), num_kv_blocks=setup.num_kv_blocks, max_model_len=setup.max_model_len
-        )
+        sim_cli.run_config(args, registry(), options, sim_cli.setup_of(args))
 
 
 @FUZZ
@@ -205,7 +203,7 @@ def test_random_rose_sim_flags(data: st.DataObject) -> None:
 @given(data=st.data())
 def test_random_rose_run_flags(data: st.DataObject) -> None:
     pytest.importorskip("torch")
-    from roseinfer.executor import cli as run_cli
+    from roseinfer.cli import run as run_cli
 
     def check() -> None:
         args = run_cli.build_parser().parse_args(argv)

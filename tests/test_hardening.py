@@ -16,11 +16,11 @@ import pytest
 from conftest import ToyCostModel, req, run_cli
 
 from roseinfer import workloads as w
+from roseinfer.cli.sim import main as sim_main
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import AdmissionPolicy, Phase, PolicyError
 from roseinfer.metrics import write_records, write_result
 from roseinfer.registry import Entry, Registry, load_registry, make_plugin_manager
-from roseinfer.simulator.cli import main as sim_main
 from roseinfer.simulator.engine import simulate
 from roseinfer.workloads import traces
 
@@ -336,8 +336,10 @@ def test_cli_runs_fifo_and_lists_policies_beside_broken_plugins(
     [
         (["--num-kv-blocks", "0"], "argument --num-kv-blocks: must be an integer in [1, "),
         (["--max-model-len", "0"], "argument --max-model-len: must be an integer in [1, "),
-        (["--kv-cache-memory-gb", "0"], "argument --kv-cache-memory-gb: must be a finite number > 0"),
-        (["--kv-cache-memory-gb", "nan"], "argument --kv-cache-memory-gb: must be a finite number"),
+        (["--kv-cache-memory-gb", "0"], "argument --kv-cache-memory-gb: must be a number in (0, "),
+        (["--kv-cache-memory-gb", "nan"], "argument --kv-cache-memory-gb: must be a number in (0, "),
+        # before: "cannot convert float NaN to integer", naming no flag
+        (["--kv-cache-memory-gb", "1e308"], "argument --kv-cache-memory-gb: must be a number in (0, "),
         (["--gpu-memory-utilization", "nan"], "argument --gpu-memory-utilization: must be a number in (0, 1]"),
         (["--gpu-memory-utilization", "5"], "argument --gpu-memory-utilization: must be a number in (0, 1]"),
         (["--block-size", "1000000000"], "argument --block-size: must be an integer in [1, 4096]"),
@@ -360,14 +362,14 @@ def test_bad_memory_and_pool_flags_give_one_error_naming_the_flag(
 
 
 def test_unknown_policy_arg_key_is_an_error_listing_known_keys(monkeypatch, capsys) -> None:
-    line = sim_error(monkeypatch, capsys, "--policy-arg", "lookahed=8")
+    line = sim_error(monkeypatch, capsys, "--policy-arg", "lookahed=8", "--strict-options")
     assert "no plugin of this run reads 'lookahed'" in line and "policy 'fifo'" in line
 
 
 def test_a_declared_policy_arg_is_accepted_and_others_listed() -> None:
-    from roseinfer.cli import policy_options
+    from roseinfer.cli.config import policy_options
+    from roseinfer.cli.sim import build_parser
     from roseinfer.interface import PolicyOption
-    from roseinfer.simulator.cli import build_parser
 
     specs = (PolicyOption("alpha", int, 1, "a knob"), PolicyOption("beta", str, "x", "another"))
     cls = type("Knobby", (AdmissionPolicy,), {"name": "knobby", "option_specs": specs})
@@ -375,7 +377,9 @@ def test_a_declared_policy_arg_is_accepted_and_others_listed() -> None:
     reg.policies["knobby"] = Entry(cls, "t")
     args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "alpha=2"])
     assert policy_options(args, reg).values == {"alpha": 2}
-    args = build_parser().parse_args(["--policy", "knobby", "--policy-arg", "gamma=2"])
+    args = build_parser().parse_args(
+        ["--policy", "knobby", "--policy-arg", "gamma=2", "--strict-options"]
+    )
     with pytest.raises(ValueError, match="reads: alpha, beta"):
         policy_options(args, reg)
 
@@ -397,7 +401,7 @@ def run_error(monkeypatch, capsys, *args: str) -> str:
     may print its own warnings before it."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from roseinfer.executor.cli import main as run_main
+    from roseinfer.cli.run import main as run_main
 
     code, _, err = run_cli(run_main, "rose-run", monkeypatch, capsys, *args)
     assert code == 2 and "Traceback" not in err, err
@@ -453,7 +457,7 @@ def test_rose_run_bad_model_directories_are_one_error(
 
 def test_rose_run_loads_a_pickle_only_directory(monkeypatch, capsys, model_dirs, tmp_path) -> None:
     """pytorch_model.bin is read by transformers with ``weights_only`` loading."""
-    from roseinfer.executor.cli import main as run_main
+    from roseinfer.cli.run import main as run_main
 
     result = tmp_path / "r.json"
     code, _, err = run_cli(
@@ -476,9 +480,9 @@ def test_rose_run_refuses_devices_the_runner_cannot_use(monkeypatch, capsys, dev
 def test_rose_run_checks_the_kv_pool_against_memory_first(monkeypatch, capsys) -> None:
     """Before: a pool too large for memory died inside torch's allocation."""
     pytest.importorskip("torch")
-    from roseinfer.executor import cli
+    from roseinfer.executor import builder
 
-    monkeypatch.setattr(cli, "available_memory_bytes", lambda device: 2**20)
+    monkeypatch.setattr(builder, "available_memory_bytes", lambda device: 2**20)
     line = run_error(monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu",
                      "--num-kv-blocks", "1000", "--num-requests", "2")  # fmt: skip
     # tiny-gpt2 fp32: 2 layers x (K, V) x 64 wide x 4 B = 1 KiB per token, 16 KiB per block
@@ -521,7 +525,7 @@ def test_backends_record_their_hash_algo(monkeypatch, capsys, tmp_path: Path) ->
     assert code == 0, err
     assert json.loads(result.read_text())["prefix_caching_hash_algo"] == "builtin"
     pytest.importorskip("torch")
-    from roseinfer.executor.cli import build_parser
+    from roseinfer.cli.run import build_parser
 
     assert build_parser().parse_args([]).prefix_caching_hash_algo == "sha256"
 
@@ -545,11 +549,12 @@ def test_sim_default_pool_with_the_parser_default_block_size() -> None:
     """benchmarks/sim_speed.py's child calls default_num_kv_blocks on parsed flags,
     whose block size is None until a setup fills it: that was a TypeError."""
     from roseinfer.calibration.specs import get_device_spec, get_model_spec
-    from roseinfer.simulator.cli import build_parser, default_num_kv_blocks
+    from roseinfer.cli.sim import build_parser, kv_pool
+    from roseinfer.simulator.setup import default_num_kv_blocks
 
     args = build_parser().parse_args([])
     model, device = get_model_spec("llama-3.1-8b"), get_device_spec("h100-sxm")
     args16 = build_parser().parse_args(["--block-size", "16"])
-    assert default_num_kv_blocks(args, model, device) == default_num_kv_blocks(
-        args16, model, device
+    assert default_num_kv_blocks(kv_pool(args), model, device) == default_num_kv_blocks(
+        kv_pool(args16), model, device
     )

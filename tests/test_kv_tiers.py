@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 
 from roseinfer.block_manager import BlockManager
 from roseinfer.calibration.cost_model import BatchShape
-from roseinfer.cli import CliError, kv_tier_config
+from roseinfer.cli.config import kv_tier_config
+from roseinfer.cli.flags import CliError
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, VirtualClock, drive
 from roseinfer.kv_tiers import (
@@ -57,7 +58,7 @@ def tiers(*sizes: int, policy: str = "lru", overlap: bool = False) -> KVTierConf
         KVTierSpec(f"t{i}", n, 50e9 if i == 0 else 5e9, 50e9 if i == 0 else 3e9)
         for i, n in enumerate(sizes)
     )
-    return KVTierConfig(specs, BLOCK_BYTES, policy=policy, overlap=overlap)
+    return KVTierConfig(specs, BLOCK_BYTES, policy=policy, overlap=overlap).resolved(REGISTRY)
 
 
 def seq_of(i: int, token_ids: list[int], max_tokens: int = 4) -> Sequence:
@@ -138,7 +139,7 @@ def test_reuse_gating_stores_blocks_looked_up_twice() -> None:
     """vLLM's reuse-frequency gating: a block is offloaded only once its hash was
     looked up below the device twice, so the first request's blocks are dropped
     and a repeated prefix's are kept."""
-    config = KVTierConfig((KVTierSpec("t0", 8, 1e9, 1e9),), 4096, policy="reuse")
+    config = KVTierConfig((KVTierSpec("t0", 8, 1e9, 1e9),), 4096, policy=ReuseGatedTierPolicy)
     bm = BlockManager(3, 4, True, kv_tiers=config)
     a, b = list(range(100, 109)), list(range(200, 209))
     bm.free(fill(bm, 0, a))  # looked up once (a miss)
@@ -530,7 +531,7 @@ def _fields(config: SchedulerConfig) -> dict:
 
 
 def parse(*argv: str):  # type: ignore[no-untyped-def]
-    from roseinfer.simulator.cli import build_parser
+    from roseinfer.cli.sim import build_parser
 
     return build_parser().parse_args(["--block-size", "16", *argv])
 
@@ -587,7 +588,7 @@ def test_malformed_tier_flags_are_one_error_line(argv: list[str], capsys) -> Non
 def run_rose_sim(monkeypatch, tmp_path, *argv: str) -> dict:  # type: ignore[no-untyped-def]
     import sys
 
-    from roseinfer.simulator.cli import main
+    from roseinfer.cli.sim import main
 
     path = tmp_path / "result.json"
     monkeypatch.setattr(sys, "argv", ["rose-sim", *argv, "--save-result", str(path)])
@@ -670,7 +671,7 @@ def test_executor_greedy_output_survives_the_host_tier() -> None:
     num_blocks, host = 10, 6
     config = SchedulerConfig(
         num_kv_blocks=num_blocks, block_size=4, max_num_seqs=1, max_model_len=64,
-        kv_tiers=KVTierConfig((KVTierSpec("host", host, 50e9, 50e9),), 4096),
+        kv_tiers=KVTierConfig((KVTierSpec("host", host, 50e9, 50e9),), 4096, LRUTierPolicy),
     )  # fmt: skip
     runner = ModelRunner(
         model, num_kv_blocks=num_blocks, block_size=4, device="cpu", dtype=torch.float32,
@@ -705,7 +706,7 @@ def test_metrics_endpoint_reports_the_host_tier() -> None:
     ]
     config = SchedulerConfig(
         num_kv_blocks=10, block_size=4, max_num_seqs=1, max_model_len=64,
-        kv_tiers=KVTierConfig((KVTierSpec("host", 8, 50e9, 50e9),), 4096),
+        kv_tiers=KVTierConfig((KVTierSpec("host", 8, 50e9, 50e9),), 4096, LRUTierPolicy),
     )  # fmt: skip
     runner = ModelRunner(
         cached_model("tiny-gpt2"), num_kv_blocks=10, block_size=4, device="cpu",

@@ -495,3 +495,20 @@ def test_series_styles_differ_for_every_built_in_policy():
     looks = {(s["color"], s["marker"], s["linestyle"]) for s in styles}
     assert len(looks) == 24
     assert len({s["color"] for s in styles[:20]}) == 20  # no two of the first 20 share a colour
+
+
+def test_mass_rejection_is_a_warning_and_latencies_say_what_they_cover(records) -> None:
+    """Before: 1,997 of 2,000 rejected exited 0 with percentiles of 3 requests and no word."""
+    from roseinfer.metrics import MAX_REJECTED_SHARE, summary_warnings
+
+    s = summarize(records)  # 1 of 4 rejected
+    text = format_summary(s, "x")
+    assert "Latencies below cover:                   the 3 completed requests only" in text
+    assert "Warning: 1 of 4 requests (25.0%) were rejected;" in text
+    assert summary_warnings(s, records)[0].startswith(
+        "1 of 4 requests (25.0%) were rejected (most: "
+    )
+    few = {**s, "num_requests": 1000, "rejected": int(1000 * MAX_REJECTED_SHARE)}
+    assert summary_warnings(few) == []  # at the threshold: no warning
+    none = {**s, "rejected": 0}
+    assert "Latencies below cover" not in format_summary(none, "x")

@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 from conftest import tiny_model  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
-from roseinfer.executor import model_runner  # noqa: E402
+from roseinfer.executor import attn_flash, attn_flex, model_runner  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
 from roseinfer.executor.sampler import filtered_probs, sample  # noqa: E402
@@ -211,7 +211,7 @@ def reference_flash_varlen(
 def test_flash_backend_metadata_with_a_reference_kernel(monkeypatch):
     """The flash-attn call (cu_seqlens, block table, causal) checked on CPU
     against a Python kernel with flash-attn's documented semantics."""
-    monkeypatch.setattr(model_runner, "_load_flash_varlen", lambda: reference_flash_varlen)
+    monkeypatch.setattr(attn_flash, "load_flash_varlen", lambda: reference_flash_varlen)
     model = tiny("tiny-llama")
     runner = runner_for(model, attention_backend="flash_attn")
     assert runner.attention_backend == "flash_attn"
@@ -354,6 +354,7 @@ def test_each_backend_matches_generate_with_scattered_blocks(name, backend):
     logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
     outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
     assert outs == [hf_greedy(model, p) for p in prompts]
+    assert runner.attention_backend == backend  # no silent fallback on the way
 
 
 def test_flex_equals_sdpa_on_a_mixed_step():
@@ -415,15 +416,13 @@ def test_gelu_new_in_place_has_the_bits_of_transformers():
 
 
 def test_flex_that_does_not_compile_falls_back_or_raises(monkeypatch):
-    from roseinfer.executor import attention
-
     def broken(config):
         def fail(*args):
             raise RuntimeError("no C++ compiler")
 
         return fail
 
-    monkeypatch.setattr(attention, "compiled_flex", broken)
+    monkeypatch.setattr(attn_flex, "compiled_flex", broken)
     model = tiny("tiny-gpt2")
     assert runner_for(model).attention_backend == "sdpa"
     with pytest.raises(ValueError, match="does not compile here.*use 'sdpa'"):
@@ -433,13 +432,42 @@ def test_flex_that_does_not_compile_falls_back_or_raises(monkeypatch):
 
 
 def test_flex_failing_mid_run_falls_back_to_sdpa_with_the_same_tokens(monkeypatch):
-    from roseinfer.executor import attention
-
     model = tiny("tiny-llama")
     prompts, tables = prompts_of(6, 9), tables_for(2)
     runner = runner_for(model, attention_backend="flex")
     logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
-    monkeypatch.setattr(attention, "compiled_flex", lambda config: None)  # calling None fails
+    monkeypatch.setattr(attn_flex, "compiled_flex", lambda config: None)  # calling None fails
     outs = decode(runner, prompts, logits.argmax(-1).tolist(), tables)
     assert runner.attention_backend == "sdpa"
     assert outs == [hf_greedy(model, p) for p in prompts]
+
+
+def test_backend_choice_per_device(monkeypatch):
+    """auto: triton on CUDA when importable (else sdpa without flash-attn), flex on
+    CPU; triton on CPU only under the interpreter; flex never on CUDA."""
+    from roseinfer.executor import attention
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(attention, "triton_importable", lambda: True)
+    assert attention.resolve_backend("auto", cuda, torch.bfloat16, 16)[0] == "triton"
+    assert attention.resolve_backend("auto", cpu, torch.float32, 16)[0] == "flex"
+    monkeypatch.setattr(attention, "triton_importable", lambda: False)
+    assert attention.resolve_backend("auto", cuda, torch.bfloat16, 16)[0] == "sdpa"
+    with pytest.raises(ValueError, match="needs the triton package"):
+        attention.resolve_backend("triton", cuda, torch.bfloat16, 16)
+    monkeypatch.setattr(attention, "triton_importable", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="runs on CUDA; on cpu only in Triton's interpreter"):
+        attention.resolve_backend("triton", cpu, torch.float32, 16)
+    with pytest.raises(ValueError, match="runs on CPU only.*BLOCK_M"):
+        attention.resolve_backend("flex", cuda, torch.bfloat16, 16)
+
+
+def test_host_time_is_recorded_per_forward_when_asked():
+    runner = runner_for(tiny("tiny-gpt2"), attention_backend="sdpa")
+    runner.forward([SeqInput([1, 2, 3], 0, [0])])
+    assert runner.host_times_s is None
+    runner.host_times_s = []
+    runner.forward([SeqInput([4], 3, [0])])
+    runner.forward([SeqInput([5], 4, [0, 1])])
+    assert len(runner.host_times_s) == 2 and all(t > 0 for t in runner.host_times_s)

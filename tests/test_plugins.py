@@ -55,7 +55,7 @@ def _run(plugin_path: Path, *args: str) -> subprocess.CompletedProcess:
         **os.environ,
         "PYTHONPATH": f"{plugin_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }
-    cmd = [sys.executable, "-m", "roseinfer.simulator.cli", *args]
+    cmd = [sys.executable, "-m", "roseinfer.cli.sim", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
 

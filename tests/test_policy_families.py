@@ -7,10 +7,10 @@ import sys
 import pytest
 from conftest import drive_unit_steps, make_scheduler, req
 
+from roseinfer.cli.sim import main as sim_main
 from roseinfer.interface import AdmissionPolicy, PolicyError, PolicyOptions
 from roseinfer.registry import Entry, load_registry
 from roseinfer.request import Request
-from roseinfer.simulator.cli import main as sim_main
 from roseinfer.workloads import GroupSpec, WorkloadError, groups, load_trace, two_tenant
 
 drive = drive_unit_steps
@@ -212,9 +212,12 @@ def rose_sim(monkeypatch, capsys, *args):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--policy", "sjf", "--policy-arg", "nope=1"], "no plugin of this run reads 'nope'"),
         (
-            ["--policy", "fifo", "--vtc-output-weight", "3"],
+            ["--policy", "sjf", "--policy-arg", "nope=1", "--strict-options"],
+            "no plugin of this run reads 'nope'",
+        ),
+        (
+            ["--policy", "fifo", "--vtc-output-weight", "3", "--strict-options"],
             "no plugin of this run reads 'vtc_output_weight'",
         ),
         (

@@ -18,12 +18,12 @@ import logging
 import pytest
 from conftest import drive_unit_steps, make_scheduler, req, run_cli
 
+from roseinfer.cli.sim import main as sim_main
 from roseinfer.driver import policy_warning, start_replay
 from roseinfer.interface import PolicyOptions
 from roseinfer.metrics import fair_share_fairness, jain_index, tenant_service
 from roseinfer.registry import load_registry
 from roseinfer.request import Request
-from roseinfer.simulator.cli import main as sim_main
 
 OLD_SRPT = {"srpt_preempt_factor": 1.0, "srpt_recompute_weight": 0.0}  # the pre-issue-18 rule
 

@@ -281,7 +281,7 @@ def test_bad_profiles_are_refused_with_a_reason(tmp_path, doc, message):
 
 
 def rose_sim(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "roseinfer.simulator.cli", *args]
+    cmd = [sys.executable, "-m", "roseinfer.cli.sim", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -339,3 +339,58 @@ def test_rose_sim_cost_model_errors_are_one_line(profile_file, tmp_path):
     proc = rose_sim("--cost-model", str(bad))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "is not JSON" in proc.stderr
+
+
+# ------------------------------------------------------ fit range and outliers
+def test_a_profiled_run_reports_the_steps_it_priced_outside_the_fit() -> None:
+    """Before: a cost model fitted on small steps priced a long queue silently
+    (a mean TTFT of 33,697 s with only a held-out error in the summary)."""
+    from roseinfer.metrics import format_summary, summarize
+
+    small = [(k, s) for k, s in grid_shapes() if s.totals().num_seqs <= 8 and s.num_tokens <= 600]
+    samples = [ProfileSample(k, s, (linear_price(s),)) for k, s in small]
+    cost = make_profile(samples).cost_model()
+    config = SchedulerConfig(num_kv_blocks=4000, max_model_len=2048, max_num_seqs=32)
+    inside = simulate(synthetic(num_requests=4, prompt_tokens=64, output_tokens=8,
+                                submit_interval_s=10.0), config, cost)  # fmt: skip
+    assert inside.info["cost_model_steps_outside_fit_share"] == 0.0
+    assert inside.info["cost_model_max_extrapolation"] == 1.0
+    busy = simulate(synthetic(num_requests=64, prompt_tokens=1500, output_tokens=64,
+                              submit_interval_s=0.0), config, cost)  # fmt: skip
+    share = busy.info["cost_model_steps_outside_fit_share"]
+    assert 0 < share <= 1 and busy.info["cost_model_max_extrapolation"] > 2
+    assert busy.info["cost_model_max_extrapolation_axis"] in (
+        "prefill tokens", "decode sequences", "context tokens")  # fmt: skip
+    text = format_summary({**summarize(busy.records), **busy.info}, "t")
+    assert f"Warning: {share:.1%} of steps were priced outside the step shapes" in text
+    assert "Warning" not in format_summary({**summarize(inside.records), **inside.info}, "t")
+
+
+def test_extrapolation_counts_the_steps_of_a_decode_run_that_cross_the_range() -> None:
+    from roseinfer.calibration.cost_model import StepTotals
+    from roseinfer.calibration.step_model import ExtrapolationCounter, SampleRange
+
+    counter = ExtrapolationCounter(SampleRange(100, 4, 1000))
+    # 4 decodes at 990 context tokens: steps 0..2 reach 990, 994, 998; 3..9 exceed 1000
+    counter.observe(StepTotals(4, 4, 0, 0, 0, 990), num_steps=10)
+    assert (counter.num_steps, counter.num_outside) == (10, 7)
+    assert counter.max_factor == pytest.approx((990 + 4 * 9) / 1000)
+    counter.observe(StepTotals(8, 8, 0, 0, 0, 80))  # twice the decode batch it saw
+    assert (counter.num_outside, counter.max_factor, counter.axis) == (8, 2.0, "decode sequences")
+
+
+def test_one_outlying_step_does_not_dominate_the_fit() -> None:
+    """Before: one 2.4 s step among 31 ordinary ones (a pause of the machine) pulled
+    the relative-error fit towards it and every price with it."""
+    rng = np.random.default_rng(0)
+    shapes = [BatchShape.decode(rng.integers(50, 400, int(rng.integers(1, 9)))) for _ in range(31)]
+    shapes += [BatchShape([int(n)], [int(n)], []) for n in rng.integers(16, 256, 1)]
+    samples = [ProfileSample("decode", s, (linear_price(s) * (1 + 0.02 * rng.standard_normal()),))
+               for s in shapes]  # fmt: skip
+    samples[5] = ProfileSample("decode", shapes[5], (2.4,))
+    fit = fit_step_model(samples)
+    cost = ProfiledCostModel(fit.model, "t")
+    errors = [
+        abs(cost.step_time_s(s) / linear_price(s) - 1) for i, s in enumerate(shapes) if i != 5
+    ]
+    assert max(errors) < 0.10, max(errors)

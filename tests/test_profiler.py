@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("scipy")
 
 from roseinfer.calibration import PROFILE_SCHEMA, load_profile  # noqa: E402
+from roseinfer.cli import run as cli  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
-from roseinfer.executor import cli  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
@@ -210,7 +210,7 @@ def test_sim_with_the_profile_predicts_the_real_run_loosely(
         "--max-model-len", "128", "--no-progress", "--save-result", str(real), *workload,
     )  # fmt: skip
     assert code == 0
-    cmd = [sys.executable, "-m", "roseinfer.simulator.cli", "--cost-model", str(tiny_profile),
+    cmd = [sys.executable, "-m", "roseinfer.cli.sim", "--cost-model", str(tiny_profile),
            "--max-num-seqs", "16", "--save-result", str(sim), *workload]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -13,8 +13,12 @@ What does not run here is said in one of two places, each with its reason:
   ``<!-- readme-test: skip (why) -->``, skips the whole block;
 - :data:`SKIPPED_COMMANDS` skips single commands (installs, a server that runs
   until stopped, CUDA, Ray, long benchmarks, placeholders ``...``), and a command
-  whose input file (a trace under ``../shared``, a profile) is not on this
-  machine is skipped saying which file.
+  whose input file (a profile) is not on this machine is skipped saying which file.
+
+A public trace named in a command (``--trace azure-conv-2023``) is fetched from
+``../shared/traces`` (the same published files, checksums checked, into a cache
+of the test session), never from the network; without that folder the command
+is skipped, saying so.
 
 A block with nothing left to run is reported as skipped, never as passed.
 """
@@ -31,6 +35,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
+from roseinfer.workloads import catalog
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -38,6 +44,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
 MARKER = re.compile(r"<!--\s*readme-test:\s*skip\s*\((?P<why>[^)]*)\)\s*-->")
 
 SKIPPED_COMMANDS: tuple[tuple[str, str], ...] = (
@@ -122,16 +129,31 @@ def skip_reason(command: str, argv: list[str], tmp: Path) -> str | None:
         if not torch.cuda.is_available():
             return "needs a CUDA device"
     for i, arg in enumerate(argv[:-1]):
-        if arg in INPUT_FLAGS and not _input(argv[i + 1], tmp).exists():
-            return f"its input {argv[i + 1]} is not on this machine"
+        name = argv[i + 1]
+        if arg not in INPUT_FLAGS:
+            continue
+        if name in catalog.CATALOGUE:
+            if not (SHARED_TRACES / catalog.CATALOGUE[name].file_name).exists():
+                return f"the public trace {name} needs a download (no ../shared/traces copy)"
+        elif not _input(name, tmp).exists():
+            return f"its input {name} is not on this machine"
     return None
 
 
 def _input(name: str, tmp: Path) -> Path:
-    """An input path as the README means it: from the repository root, or a file an
-    earlier command of the block wrote."""
+    """An input path as the README means it: a public trace's name, a file from the
+    repository root, or a file an earlier command of the block wrote."""
+    if name in catalog.CATALOGUE:
+        return Path(name)
     path = ROOT / name
     return path if path.exists() else tmp / Path(name).name
+
+
+@pytest.fixture(autouse=True)
+def _public_traces_offline(monkeypatch, tmp_path_factory) -> None:
+    """Named traces come from ../shared/traces into a session cache, never the network."""
+    monkeypatch.setenv(catalog.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "trace-cache"))
+    monkeypatch.setenv(catalog.MIRROR_ENV, str(SHARED_TRACES))
 
 
 def tiny(argv: list[str], tmp: Path) -> list[str]:
@@ -166,14 +188,14 @@ def tiny(argv: list[str], tmp: Path) -> list[str]:
 def run_command(argv: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """rose-sim in this process (fast); everything else in a subprocess."""
     if argv[0] == "rose-sim":
-        from roseinfer.simulator.cli import main
+        from roseinfer.cli.sim import main
 
         code, out, err = run_cli(main, "rose-sim", monkeypatch, capsys, *argv[1:])
         return code, out + err
     if argv[0] == "python":
         argv = [sys.executable, *argv[1:]]
     else:
-        module = {"rose-run": "roseinfer.executor.cli"}[argv[0]]
+        module = {"rose-run": "roseinfer.cli.run"}[argv[0]]
         argv = [sys.executable, "-m", module, *argv[1:]]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr

@@ -15,8 +15,9 @@ pytest.importorskip("transformers")
 
 from transformers import GenerationConfig  # noqa: E402
 
-from roseinfer.executor import cli  # noqa: E402
+from roseinfer.cli import run as cli  # noqa: E402
 from roseinfer.executor.models import build_model  # noqa: E402
+from roseinfer.workloads import fit as workloads_fit  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -39,9 +40,15 @@ def rose_run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 
 def one_error_line(err: str) -> str:
-    lines = err.strip().splitlines()
+    """The one error line, after any progress lines (``rose-run: loading ...``)."""
+    lines = [ln for ln in err.strip().splitlines() if not is_progress(ln)]
     assert len(lines) == 1 and lines[0].startswith("rose-run: error: "), err
     return lines[0]
+
+
+def is_progress(line: str) -> bool:
+    """A progress line of model build or warm-up: ``prog: what is happening...``."""
+    return line.startswith("rose-run: ") and line.endswith("...") and ": error: " not in line
 
 
 def hf_greedy(model, prompt: list[int], num_tokens: int) -> list[int]:
@@ -119,7 +126,7 @@ def test_step_log_calibrates_rose_sim_on_the_same_requests(monkeypatch, capsys, 
     flags: the same requests (both clip to the logged max model length by the one
     rule), the logged pool, and every step of the log in the file."""
     from roseinfer.calibration.steplog import load_step_log
-    from roseinfer.simulator import cli as sim_cli
+    from roseinfer.cli import sim as sim_cli
 
     flags = ["--num-requests", "10", "--request-rate", "40", "--max-model-len", "160",
              "--policy", "budget", "--prefill-max-tokens", "96", "--quiet"]  # fmt: skip
@@ -171,7 +178,9 @@ def test_unknown_policy_lists_known_ones_before_loading_the_model(monkeypatch, c
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built before the flags were checked")
 
-    monkeypatch.setattr(cli, "build_model", no_model)
+    from roseinfer.executor import builder
+
+    monkeypatch.setattr(builder, "build_model", no_model)
     code, _, err = rose_run(monkeypatch, capsys, "--model", "tiny-gpt2", "--policy", "lifo")
     assert code == 2
     assert "unknown policy 'lifo'" in one_error_line(err) and "budget, edf, fifo" in err
@@ -188,6 +197,31 @@ def test_bad_values_are_one_error_line(monkeypatch, capsys):
     assert code == 2 and "exceeds the 256-token context" in one_error_line(err)
     code, _, err = rose_run(monkeypatch, capsys, "--device", "tpu:x")
     assert code == 2 and "unknown --device" in one_error_line(err)
+
+
+@pytest.mark.parametrize("prompt", ["2147483647", "5000000"])
+def test_an_over_long_trace_row_is_refused_before_any_id_is_made(
+    monkeypatch, capsys, tmp_path, prompt
+):
+    """Before: with --fit-lengths off, a 5M-token row made 5M token ids (seconds, 100s of
+    MB) for a request the scheduler then rejected; a 2^31 row would have made 16 GB.
+    Now the row is one error line naming it, before any id is made."""
+    import time
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"arrival_s,prompt_tokens,output_tokens\n0,{prompt},5\n0,8,2\n")
+    made = []
+    real = workloads_fit._made_up_ids
+    monkeypatch.setattr(workloads_fit, "_made_up_ids", lambda *a: made.append(a) or real(*a))
+    start = time.perf_counter()
+    code, _, err = rose_run(
+        monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu", "--trace", str(trace),
+        "--fit-lengths", "off", "--max-model-len", "128", "--no-warmup", "--no-progress",
+    )  # fmt: skip
+    line = one_error_line(err)
+    assert code == 2 and f"has {prompt} prompt + 5 output tokens, beyond max_model_len 128" in line
+    assert "--fit-lengths clip or scale" in line and made == []
+    assert time.perf_counter() - start < 60
 
 
 def test_console_script_exits_2_with_one_line():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import run_cli
 
-from roseinfer.simulator.cli import main
+from roseinfer.cli.sim import main
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 VLLM_KEYS = [
@@ -126,7 +126,10 @@ def bad_trace(tmp_path: Path) -> Path:
             "known: decode-first, mixed, prefill-first, prefill-priority",
         ),
         (["--policy", "fifo", "--prefill-max-tokens", "64"], "ignores --prefill-max-tokens"),
-        (["--policy", "budget", "--lookahead", "8"], "no plugin of this run reads 'lookahead'"),
+        (
+            ["--policy", "budget", "--lookahead", "8", "--strict-options"],
+            "no plugin of this run reads 'lookahead'",
+        ),
         (["--workload", "seed-031", "--trace", "x.csv"], "either --trace or --workload"),
         (["--prompt-repeats", "1,64"], "--workload synthetic"),
         (["--num-kv-blocks", "10", "--kv-cache-memory-gb", "1"], "not both"),
@@ -140,7 +143,10 @@ def bad_trace(tmp_path: Path) -> Path:
         (["--workload", "synthetic", "--prompt-repeats", "1,0"], "positive"),
         (["--max-num-batched-tokens", "512"], "add --enable-chunked-prefill"),
         (["--long-prefill-token-threshold", "16"], "only applies with --enable-chunked-prefill"),
-        (["--policy", "fifo", "--chunk-head"], "no plugin of this run reads 'chunk_head'"),
+        (
+            ["--policy", "fifo", "--chunk-head", "--strict-options"],
+            "no plugin of this run reads 'chunk_head'",
+        ),
         (["--enable-chunked-prefill"], "needs a per-step limit"),
         (
             ["--scheduler-preset", "vllm-v1", "--max-num-batched-tokens", "64"],

@@ -26,12 +26,12 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from roseinfer.cli import serve as cli  # noqa: E402
 from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.executor.engine import Engine  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
 from roseinfer.executor.streaming import StreamingEngine  # noqa: E402
 from roseinfer.request import Request, SamplingParams  # noqa: E402
-from roseinfer.serve import cli  # noqa: E402
 from roseinfer.serve.app import ServerState, build_app  # noqa: E402
 from roseinfer.serve.metrics import ServerMetrics  # noqa: E402
 from roseinfer.serve.protocol import ModelContext  # noqa: E402
@@ -421,8 +421,8 @@ def test_cli_flags_build_a_serving_engine(tmp_path):
          "--prefill-max-tokens", "64", "--save-steps", str(tmp_path / "steps.jsonl")]
     )  # fmt: skip
     registry = load_registry()
-    cli.check_serve_args(args, registry)
-    se, config = cli.build_engine(args, registry)
+    options = cli.check_serve_args(args, registry)
+    se, config = cli.build_engine(args, registry, options)
     try:
         assert se.max_waiting == 3 and config.vocab_size == VOCAB
         assert se.engine.scheduler.config.prefix_caching_hash_algo == "sha256"

@@ -84,11 +84,10 @@ def test_a_policy_that_never_admits_is_reported_not_hung(registry) -> None:
 
 def test_records_without_token_times_summarize_like_records_with_them(monkeypatch) -> None:
     """A long run keeps an ITL histogram and releases old steps: same figures."""
+    from roseinfer import scheduler
     from roseinfer.metrics import summarize
-    from roseinfer.scheduler import Scheduler
 
-    release = Scheduler.release_steps
-    monkeypatch.setattr(Scheduler, "release_steps", lambda self: release(self, min_held=64))
+    monkeypatch.setattr(scheduler, "RELEASE_MIN_HELD", 64)
     reqs = mixed_requests(400)
     config = SchedulerConfig(
         num_kv_blocks=400, block_size=16, max_num_seqs=16, max_model_len=1024, policy="fifo"

@@ -21,7 +21,7 @@ from roseinfer.calibration.steplog import (
     make_header,
     records_of,
 )
-from roseinfer.simulator import cli as sim_cli
+from roseinfer.cli import sim as sim_cli
 
 
 def record(k: int, start: float, dur: float, decodes: int, prefill: int = 0) -> StepRecord:

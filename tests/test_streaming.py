@@ -374,6 +374,42 @@ def test_a_worker_fault_ends_every_stream_with_its_cause(harness):
     assert set(h.engine.records.frame()["reject_reason"]) == {"aborted"}
 
 
+def test_done_callbacks_hear_of_the_end_once(harness):
+    h = harness()
+    runner = h.engine.runner
+    boom = RuntimeError("boom")
+    heard: list[object] = []
+    h.se.add_done_callback(lambda err: heard.append(("before", err)))
+    h.se.on_fatal = lambda err: heard.append(("on_fatal", err))
+    runner.forward = lambda inputs: (_ for _ in ()).throw(boom)
+    rid = h.se.add_request([1, 2, 3], max_tokens=2, sampling=GREEDY)
+    with pytest.raises(EngineClosedError):
+        h.tokens(rid)
+    h.se.close(timeout_s=TIMEOUT_S)
+    h.se.add_done_callback(lambda err: heard.append(("after", err)))  # called at once
+    assert heard == [("before", boom), ("on_fatal", boom), ("after", boom)]
+    closed = harness()
+    closed.se.close(timeout_s=TIMEOUT_S)
+    closed.se.add_done_callback(lambda err: heard.append(("closed", err)))
+    assert heard[-1] == ("closed", None)
+
+
+def test_the_worker_steps_with_the_engines_own_step(harness, model):
+    """One step rule: the worker runs ``Engine.step`` (it used to repeat its body)."""
+    h = harness(tokenizer=byte_level_tokenizer())
+    step, calls = h.engine.step, itertools.count()
+
+    def counted(*args, **kwargs):
+        next(calls)
+        return step(*args, **kwargs)
+
+    h.engine.step = counted
+    rid = h.se.add_request("hello world", max_tokens=3, sampling=GREEDY)
+    assert len(h.tokens(rid)) == 3
+    assert next(calls) == 3  # one prefill-and-sample step, two decodes
+    h.assert_clean()
+
+
 # ----------------------------------------------------------------- refusals
 
 

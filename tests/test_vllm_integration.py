@@ -66,11 +66,8 @@ if pytest is not None:
         make_request,
         parse_policy_env,
         request_fields,
-        validated,
     )
-    from roseinfer.interface import Budget, PolicyContext, PolicyError
     from roseinfer.registry import load_registry
-    from roseinfer.sequence import Sequence
 
     @pytest.fixture(scope="module")
     def registry():
@@ -126,6 +123,8 @@ if pytest is not None:
             ("--max-num-batched-tokens 512", "give it to vLLM and drop it from"),
             ("--policy 'pack", "cannot split it as a shell would"),
             ("--policy hrrn --hrrn-decode-ms 0", "--hrrn-decode-ms must be > 0"),
+            ("--force-fifo-every -1", "--force-fifo-every must be >= 0, got -1"),  # wrapper's own
+            ("--policy pack --force-fifo-every 1.5", "--force-fifo-every takes an integer"),
         ],
     )
     def test_policy_args_errors_are_one_line(registry, text: str, expected: str) -> None:
@@ -172,34 +171,6 @@ if pytest is not None:
                          extra_args={"tenant": "t", "deadline_s": 1.5})  # fmt: skip
         assert (r.arrival_time_s, r.max_output_tokens, r.priority) == (0.0, 5, 2)
         assert (r.tenant, r.deadline_s, r.prompt_token_ids) == ("t", 1.5, (1, 2, 3))
-
-    def test_answers_checked_as_the_roseinfer_scheduler_does() -> None:
-        seqs = [Sequence(i, make_request(f"r{i}", arrival_time_s=0, num_prompt_tokens=10,
-                                         max_tokens=4, prompt_token_ids=None, priority=0,
-                                         extra_args=None, ignore_eos=True))
-                for i in range(3)]  # fmt: skip
-        live = {s.request_id: s for s in seqs}
-        ctx = PolicyContext(0.0, 1, 0, 3, 100, cost=lambda s: 10)
-        budget = Budget(max_tokens=15, max_seqs=2, num_free_blocks=10, max_batched_tokens=64)
-
-        def check(answer: object, chunked: bool = True) -> list:
-            return list(validated(answer, budget, ctx, live=live, chunked_prefill=chunked,
-                                  where="policy 'x'"))  # fmt: skip
-
-        assert check([seqs[1]]) == [(seqs[1], None)]
-        assert check([(seqs[0], 4)]) == [(seqs[0], 4)]
-        for answer, message in [
-            ((seqs[0],), "returned tuple, expected a list"),
-            (seqs, "selected 3 requests; at most 2 fit"),
-            ([seqs[0], seqs[0]], "twice"),
-            ([seqs[0], seqs[1]], "selected 20 prompt tokens over a budget of 15"),
-            ([(seqs[0], 11)], "expected 1..10"),
-            (["r0"], "which this scheduler does not hold"),
-        ]:
-            with pytest.raises(PolicyError, match=message):
-                check(answer)
-        with pytest.raises(PolicyError, match="chunked prefill is off"):
-            check([(seqs[0], 4)], chunked=False)
 
     @pytest.mark.parametrize("reserve_full", [False, True])
     def test_reserve_full_isl_admits_only_whole_sequences(reserve_full: bool) -> None:
@@ -420,6 +391,10 @@ if pytest is not None:
             in errors["--loop-order prefill-first"]
         )
         assert "vLLM --scheduling-policy priority" in errors["scheduling_policy=priority"]
+        # a knob only the force-fifo wrapper checks: the same one line, logged as roseinfer's
+        bad = errors["--force-fifo-every -1"]
+        assert "ROSEINFER_POLICY_ARGS='--force-fifo-every -1': --force-fifo-every must be" in bad
+        assert "logged: roseinfer: ROSEINFER_POLICY_ARGS=" in bad
 
 
 # ============================================================== the child
@@ -685,14 +660,28 @@ def _run(model: str, work: Path, name: str, policy_args: str | None) -> dict[str
 
 
 def _start_error(model: str, policy_args: str, **engine: Any) -> str:
+    """What ``LLM(...)`` raised, then the lines the scheduler logged."""
+    import logging
+
     from vllm import LLM
 
+    logged: list[str] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        logged.append(record.getMessage())
+        return True
+
+    # NOTE: a filter, not a handler: vLLM's logging config empties its child loggers' handlers
+    log = logging.getLogger("vllm.roseinfer")
     os.environ["ROSEINFER_POLICY_ARGS"] = policy_args
     os.environ.pop("ROSEINFER_STEP_LOG", None)
+    log.addFilter(keep)
     try:
         LLM(**(ENGINE | engine), model=model, scheduler_cls="roseinfer.integrations.vllm.Scheduler")
     except Exception as err:  # noqa: BLE001 - what vLLM raises is the point
-        return f"{type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}" + "".join(f"\nlogged: {m}" for m in logged)
+    finally:
+        log.removeFilter(keep)
     return "started"
 
 
@@ -712,6 +701,7 @@ def _child(work: Path) -> None:
     report["start_errors"] = {
         "--loop-order prefill-first": _start_error(model, "--loop-order prefill-first"),
         "scheduling_policy=priority": _start_error(model, "", scheduling_policy="priority"),
+        "--force-fifo-every -1": _start_error(model, "--force-fifo-every -1"),
     }
     (work / "report.json").write_text(json.dumps(report))
 

@@ -20,8 +20,16 @@ from roseinfer.workloads.synthetic import GPT2_VOCAB_SIZE
 FIT_MODES = ("clip", "scale")  # --fit-lengths, besides "off"
 
 
+MAX_MADE_UP_TOKENS = 2**24
+"""Most prompt tokens made up for one request (16.8M, above any model's context): a
+trace row of 2^31 tokens must not allocate 16 GB of ids for a request no model takes."""
+
+
 def with_token_ids(
-    requests: Sequence[Request], vocab_size: int = GPT2_VOCAB_SIZE, seed: int = 0
+    requests: Sequence[Request],
+    vocab_size: int = GPT2_VOCAB_SIZE,
+    seed: int = 0,
+    max_model_len: int | None = None,
 ) -> list[Request]:
     """Copies with made-up, deterministic ``prompt_token_ids`` where they are missing.
 
@@ -36,12 +44,17 @@ def with_token_ids(
         requests: any workload.
         vocab_size: ids are drawn from ``[0, vocab_size)``.
         seed: a non-negative int.
+        max_model_len: the model's context: a request without ids that is longer
+            is refused before any id is made (fit it first: :func:`fit_lengths`).
 
     Raises:
-        WorkloadError: on ``vocab_size <= 0`` or a negative seed.
+        WorkloadError: on ``vocab_size <= 0`` or a negative seed, or a request
+            without ids longer than ``max_model_len`` or :data:`MAX_MADE_UP_TOKENS`
+            (checked for every request before anything is built).
     """
     if vocab_size <= 0 or seed < 0:
         raise WorkloadError(f"need vocab_size > 0 and seed >= 0, got {vocab_size}, {seed}")
+    _check_lengths([r for r in requests if r.prompt_token_ids is None], max_model_len)
     blocks: dict[tuple[int, int], np.ndarray] = {}  # NOTE: shared hash blocks made once
     return [
         r
@@ -49,6 +62,22 @@ def with_token_ids(
         else dataclasses.replace(r, prompt_token_ids=_made_up_ids(r, vocab_size, seed, blocks))
         for r in requests
     ]
+
+
+def _check_lengths(requests: Sequence[Request], max_model_len: int | None) -> None:
+    """Refuse the first request too long to make ids for (see :func:`with_token_ids`)."""
+    fix = "fit the lengths (--fit-lengths clip or scale) or drop the row"
+    for r in requests:
+        if max_model_len is not None and r.max_num_tokens > max_model_len:
+            raise WorkloadError(
+                f"request {r.request_id[:80]} has {r.num_prompt_tokens} prompt + "
+                f"{r.max_output_tokens} output tokens, beyond max_model_len {max_model_len}; {fix}"
+            )
+        if r.num_prompt_tokens > MAX_MADE_UP_TOKENS:
+            raise WorkloadError(
+                f"request {r.request_id[:80]} has {r.num_prompt_tokens} prompt tokens, beyond "
+                f"any model's context ({MAX_MADE_UP_TOKENS}); {fix}"
+            )
 
 
 def _made_up_ids(

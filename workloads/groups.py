@@ -2,8 +2,8 @@
 
 A :class:`GroupSpec` describes one stream (rate, uniform prompt and output
 length ranges, and the request fields the policies read); :func:`groups`
-merges several into one workload. ``two_tenant`` is the fairness workload of
-issue 8 (a heavy tenant sending 10x a light one's load, same lengths).
+merges several into one workload. ``two_tenant`` is the fairness workload
+(a heavy tenant sending 10x a light one's load, same lengths).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Trace loaders: Azure LLM inference 2023 CSV, Mooncake JSONL, plain CSV/JSONL.
 
 Everything here returns ``list[Request]`` sorted by arrival time, with the first
-request at 0.0 s. Three trace formats are read (see ``../shared/traces/README.md``):
+request at 0.0 s. Three trace formats are read (the public traces of each are named
+in :mod:`~roseinfer.workloads.catalog`, which :func:`load_trace` fetches by name):
 
 - ``azure``: Azure LLM inference trace 2023 CSV, header
   ``TIMESTAMP,ContextTokens,GeneratedTokens`` (wall-clock timestamps with 7
@@ -22,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -34,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from roseinfer.request import Request
+from roseinfer.workloads.catalog import CATALOGUE, fetch_trace, is_catalogued
 from roseinfer.workloads.errors import WorkloadError
 
 KNOWN_FORMATS = ("auto", "azure", "mooncake", "plain")
@@ -60,7 +63,9 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
     """Load a trace file: the single entry point of the CLIs.
 
     Args:
-        path: an Azure CSV, a Mooncake JSONL, or a plain CSV/JSONL file.
+        path: an Azure CSV, a Mooncake JSONL, or a plain CSV/JSONL file; or the
+            name of a public trace (:data:`~roseinfer.workloads.catalog.CATALOGUE`,
+            e.g. ``azure-conv-2023``), downloaded and cached on first use.
         fmt: one of ``KNOWN_FORMATS``; ``"auto"`` detects it from the header
             (CSV) or the first object's keys (JSONL).
 
@@ -70,12 +75,13 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
         (row = 0-based data row in the file) unless the file gives ``request_id``.
 
     Raises:
-        WorkloadError: missing/empty file, unknown format, or a bad row
-            (message ``file:line: field must be ..., got ...``).
+        WorkloadError: missing/empty file, unknown format, a bad row (message
+            ``file:line: field must be ..., got ...``), or a named trace that cannot
+            be fetched (see :func:`~roseinfer.workloads.catalog.fetch_trace`).
     """
-    path = Path(path)
     if fmt not in KNOWN_FORMATS:
         raise WorkloadError(f"unknown trace format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
+    path = resolve_trace(path)
     _check_file(path)
     with _os_errors(path):
         is_jsonl, first = _first_line(path)
@@ -94,10 +100,20 @@ def detect_format(path: str | Path) -> str:
     Raises:
         WorkloadError: missing/empty file or an unrecognised header.
     """
-    path = Path(path)
+    path = resolve_trace(path)
     _check_file(path)
     with _os_errors(path):
         return _detect(path, *_first_line(path))
+
+
+def resolve_trace(path: str | Path) -> Path:
+    """``path`` as a file: a catalogue name is fetched (or found in the cache), anything
+    else is a path (a local file of a catalogued name wins over the name).
+
+    Raises:
+        WorkloadError: a named trace that cannot be fetched.
+    """
+    return fetch_trace(str(path)) if is_catalogued(path) else Path(path)
 
 
 def load_default_trace() -> list[Request]:
@@ -112,7 +128,10 @@ def load_default_trace() -> list[Request]:
 
 def _check_file(path: Path) -> None:
     if not path.exists():
-        raise WorkloadError(f"{path}: no such file; check the trace path")
+        raise WorkloadError(
+            f"{path}: no such file; check the trace path, or name a public trace "
+            f"({', '.join(CATALOGUE)})"
+        )
     if not path.is_file():
         raise WorkloadError(f"{path}: not a file; give a trace file (.csv or .jsonl)")
 
@@ -175,7 +194,8 @@ def _detect(path: Path, is_jsonl: bool, first: str) -> str:
     raise WorkloadError(
         f"{path}:1: unrecognised trace format (found {found}); expected an Azure header "
         f"{','.join(AZURE_COLUMNS)}, Mooncake keys {', '.join(MOONCAKE_KEYS)}, or plain "
-        f"{', '.join(PLAIN_COLUMNS)}; or pass fmt= one of {', '.join(KNOWN_FORMATS[1:])}"
+        f"{', '.join(PLAIN_COLUMNS)}; or give the format (--trace-format) as one of "
+        f"{', '.join(KNOWN_FORMATS[1:])}"
     )
 
 
@@ -308,7 +328,7 @@ def _load_plain_csv(path: Path) -> list[Request]:
         _check_unique_ids(path, ids, lines)
     tenants = None
     if "tenant" in df.columns:
-        tenants = [t.strip() or None for t in df["tenant"]]
+        tenants = [escape_controls(t.strip()) or None for t in df["tenant"]]
     return _build(ids, arrival_s, prompt, output, tenants=tenants, **_classes_csv(path, df))
 
 
@@ -422,7 +442,7 @@ def _load_plain_jsonl(path: Path) -> list[Request]:
         times.append(float(_field(path, line_no, row, "arrival_s", "number")))
         prompt.append(int(_field(path, line_no, row, "prompt_tokens", "positive")))
         output.append(int(_field(path, line_no, row, "output_tokens", "positive")))
-        tenants.append(None if row.get("tenant") is None else str(row["tenant"]))
+        tenants.append(_json_tenant(path, line_no, row))
         priorities.append(_optional(path, line_no, row, "priority", int))
         deadlines.append(_optional(path, line_no, row, "deadline_s", float))
     if not ids:
@@ -438,6 +458,32 @@ def _load_plain_jsonl(path: Path) -> list[Request]:
         priorities=np.array(priorities, dtype=np.int64),
         deadlines=deadlines,
     )
+
+
+def _json_tenant(path: Path, line_no: int, row: dict[str, Any]) -> str | None:
+    """The row's ``tenant``: a string or an integer (as its digits), None when absent
+    or null; an object, list, number with a fraction or bool is refused (it would
+    become a label like ``"{'a': 1}"``)."""
+    tenant = row.get("tenant")
+    if tenant is None:
+        return None
+    if isinstance(tenant, bool) or not isinstance(tenant, str | int):
+        raise WorkloadError(
+            f"{path}:{line_no}: tenant must be a string or an integer, got {clip(repr(tenant), 40)}"
+        )
+    return escape_controls(str(tenant).strip()) or None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters (C0, DEL, C1: ANSI escapes, newlines, tabs)
+    written as ``\\xNN``, so a label from a file cannot drive the terminal it is
+    printed on; other characters (any script) are kept."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _json_request_id(path: Path, line_no: int, row: dict[str, Any]) -> str:

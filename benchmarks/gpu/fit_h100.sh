@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Fit the built-in h100-sxm roofline to steps measured on an H100 (one device call, < 10 min).
+#
+# Profiles two model shapes (Llama-3.1-8B, Qwen2.5-7B, random bf16 weights) and a third shape
+# left out of the fit (Llama-3.2-3B's config), fits mfu / bandwidth efficiency / per-step
+# overhead (benchmarks/fit_device_spec.py), and prints the held-out and third-shape errors.
+# Everything lands in $OUT (or ./gpu-out): bring it back, then record the fit here with the
+# command the script prints last (it edits calibration/specs.py's MEASURED block).
+#
+#   bash benchmarks/gpu/fit_h100.sh                 # on the H100, from the repository root
+#   DEVICE=cpu MODELS="tiny-llama tiny-qwen2" CHECK=tiny-gpt2 LIMITS="--max-model-len 128 \
+#     --max-num-seqs 8 --max-num-batched-tokens 128 --repetitions 1" bash benchmarks/gpu/fit_h100.sh
+#                                                   # a dry run of the pipeline on a CPU
+set -euo pipefail
+out=${OUT:-gpu-out}/fit-h100
+mkdir -p "$out"
+device=${DEVICE:-cuda}
+models=${MODELS:-"llama-3.1-8b qwen2.5-7b"}
+check=${CHECK:-}
+limits=${LIMITS:-"--max-model-len 4096 --max-num-seqs 128 --max-num-batched-tokens 2048 --repetitions 2"}
+start=$SECONDS
+
+python benchmarks/gpu/device_line.py | tee "$out/device.txt"
+if [[ -z "$check" ]]; then  # Llama-3.2-3B's config.json values, random weights written once
+  check="$out/llama-3.2-3b"
+  [[ -d "$check" ]] || python benchmarks/gpu/random_checkpoint.py llama-3.2-3b "$check" --device "$device"
+fi
+fits=()
+for model in $models; do
+  name=$(basename "$model")
+  echo "== profile $name ($((SECONDS - start)) s)"
+  # shellcheck disable=SC2086
+  rose-run profile --device "$device" --model "$model" $limits --quiet --output "$out/$name.json"
+  fits+=("$out/$name.json")
+done
+echo "== profile $(basename "$check") (not fitted) ($((SECONDS - start)) s)"
+# shellcheck disable=SC2086
+rose-run profile --device "$device" --model "$check" $limits --quiet --output "$out/check.json"
+rm -rf "$out/llama-3.2-3b"  # 6 GB of random weights: not worth bringing back
+
+echo "== fit ($((SECONDS - start)) s)"
+python benchmarks/fit_device_spec.py --device h100-sxm --fit "${fits[@]}" --check "$out/check.json" \
+  --output "$out/h100-fit.json" --command "bash benchmarks/gpu/fit_h100.sh" | tee "$out/fit.txt"
+driver=$(sed -n 's/^driver //p' "$out/device.txt")
+echo "== done in $((SECONDS - start)) s. To record it (here or after bringing $out back):"
+echo "python benchmarks/fit_device_spec.py --device h100-sxm --fit ${fits[*]} --check $out/check.json" \
+     "--driver '$driver' --command 'bash benchmarks/gpu/fit_h100.sh' --write-specs"

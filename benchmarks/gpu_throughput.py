@@ -1,0 +1,337 @@
+"""GPU throughput: roseinfer per attention backend vs transformers vs the roofline.
+
+One process, one model object (Llama-3.1-8B shapes, random bf16 weights by
+default), one table. Systems:
+
+* ``roseinfer-<backend>``: :class:`~roseinfer.executor.engine.Engine` over a
+  runner whose pool the memory planner sized (``--gpu-memory-utilization``),
+  warmed up (CUDA graphs captured for ``triton``), vLLM v1's scheduler preset
+  (chunked prefill, running requests first) at ``--max-num-batched-tokens``
+  8192 and ``--max-num-seqs`` 256, fifo, greedy, every request at t=0;
+* ``hf-cb``: transformers' continuous batching (``init_continuous_batching``,
+  the manager behind ``generate_batch``) in its automatic GPU configuration:
+  KV blocks and batch tokens sized from free memory, CUDA graphs and async
+  batching as it decides, paged attention (``sdpa_paged``, or flash attention
+  when installed); each request's own ``max_new_tokens``, EOS off;
+* ``floor``: the roofline bound of roseinfer's own steps: per step ``max(bytes
+  / bandwidth, FLOPs / peak)`` with ``--hardware``'s datasheet peaks
+  (``calibration/specs.py``; weights + KV read and written; FLOPs of the linear
+  layers, the LM head and attention), summed.
+
+Workloads: (a) ``--num-requests`` requests of 215 prompt / 198 output tokens
+(the mean lengths of vLLM's ShareGPT anchor, PR #14431); (a-sub) its first
+``--subset`` requests, for every system (the slow ones run only this); (b) the
+first ``--num-requests`` Azure conv 2023 requests (the embedded sample),
+clipped to ``--max-model-len``; (c) single steps, ``ModelRunner.forward`` and a
+synchronize, median of 5: decodes of 1/32/64/128/256 sequences at context 1024
+and a prefill of 4 x 2048 tokens, with each step's floor.
+
+Host time: for the decode steps of (c) the runner's host seconds per forward
+(``ModelRunner.host_times_s``: inputs and launches, no wait), and for (a) the
+scheduler's planning seconds per step (``StepTiming.host_s + prepare_s``), as a
+share of the step: the check for async scheduling (worth it above 20%).
+
+Run it on one GPU (about 6 minutes on one H100 80GB with the defaults; never
+measured here: this machine has no GPU)::
+
+    python benchmarks/gpu_throughput.py
+    python benchmarks/gpu_throughput.py --model tiny-llama --device cpu --small   # smoke, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+from _common import table
+from executor_vs_hf import Result, hf_cb, hf_cb_config
+from gpu.device_line import device_facts
+
+from roseinfer import workloads
+from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
+from roseinfer.calibration.specs import get_device_spec
+from roseinfer.calibration.steplog import StepRecorder
+from roseinfer.config import SCHEDULER_PRESETS, SchedulerConfig
+from roseinfer.executor import builder
+from roseinfer.executor.engine import Engine, synchronize
+from roseinfer.executor.facts import model_spec_of
+from roseinfer.executor.model_runner import ModelRunner
+from roseinfer.executor.warmup import scratch_inputs
+from roseinfer.request import Request
+from roseinfer.workloads.fit import fit_lengths, with_token_ids
+
+BLOCK_SIZE = 16
+ANCHOR_PROMPT, ANCHOR_OUTPUT = 215, 198
+DECODE_BATCHES, DECODE_CONTEXT, PREFILL_SHAPE = (1, 32, 64, 128, 256), 1024, (4, 2048)
+SMALL = {"prompt": 21, "output": 19, "decodes": (1, 2, 4), "context": 64, "prefill": (2, 64)}
+REPEATS = 5
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--backends", help="comma-separated (default: triton,sdpa on CUDA; sdpa on CPU)")
+    p.add_argument("--hardware", help="roofline spec (default: h100-sxm on CUDA, cpu on CPU)")
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--subset", type=int, default=128, help="requests of (a-sub)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' continuous batching")
+    p.add_argument("--small", action="store_true", help="tiny workloads and steps (smoke test)")
+    args = p.parse_args(argv)
+    cuda = torch.device(args.device).type == "cuda"
+    args.dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
+    args.backends = (args.backends or ("triton,sdpa" if cuda else "sdpa")).split(",")
+    args.hardware = args.hardware or ("h100-sxm" if cuda else "cpu")
+    if args.small:
+        args.num_requests, args.subset = min(args.num_requests, 6), min(args.subset, 3)
+        args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len = 4, 128, 64
+    return args
+
+
+def device_line(device: torch.device) -> str:
+    """GPU (or CPU), driver, CUDA, torch and triton versions (``gpu/device_line.py``)."""
+    facts = device_facts()
+    versions = f"torch {facts['torch']} | triton {facts['triton']}"
+    if device.type != "cuda":
+        return f"device: cpu (not a GPU measurement) | {versions}"
+    props = torch.cuda.get_device_properties(device)
+    return (
+        f"device: {facts['gpu']} ({props.total_memory / 2**30:.0f} GiB, "
+        f"{props.multi_processor_count} SMs) | driver {facts['driver']} | CUDA {facts['cuda']} | "
+        f"{versions}"
+    )
+
+
+# ------------------------------------------------------------------ workloads
+def anchor_workload(num: int, prompt: int, output: int, vocab: int) -> list[Request]:
+    """(a): ``num`` requests of ``prompt`` / ``output`` tokens at t=0, random ids."""
+    reqs = [Request(f"a{i}", 0.0, prompt, output) for i in range(num)]
+    return with_token_ids(reqs, vocab_size=vocab, seed=0)
+
+
+def azure_workload(num: int, max_model_len: int, vocab: int) -> list[Request]:
+    """(b): the first ``num`` Azure conv requests clipped to ``max_model_len``, t=0."""
+    reqs = workloads.select(workloads.load_default_trace(), num_requests=num)
+    reqs, _ = fit_lengths(reqs, max_model_len, mode="clip")
+    reqs = [dataclasses.replace(r, arrival_time_s=0.0) for r in reqs]
+    return with_token_ids(reqs, vocab_size=vocab, seed=0)
+
+
+def floor_model(model_name: str, hf_config, dtype, hardware: str) -> RooflineCostModel:
+    """The roofline at the datasheet peaks (no efficiency factor, no overhead)."""
+    peaks = dataclasses.replace(
+        get_device_spec(hardware), mfu=1.0, bandwidth_efficiency=1.0, overhead_s=0.0
+    )
+    return RooflineCostModel(model_spec_of(model_name, hf_config, dtype), peaks)
+
+
+# ------------------------------------------------------------------ roseinfer
+def scheduler_config(args, num_kv_blocks: int, max_model_len: int) -> SchedulerConfig:
+    preset = {**SCHEDULER_PRESETS["vllm-v1"], "max_num_seqs": args.max_num_seqs}
+    preset["max_num_batched_tokens"] = args.max_num_batched_tokens
+    return SchedulerConfig(num_kv_blocks=num_kv_blocks, block_size=BLOCK_SIZE,
+                           max_model_len=max_model_len, **preset)  # fmt: skip
+
+
+def make_runner(
+    loaded: builder.LoadedModel, backend: str, args, max_model_len: int
+) -> tuple[ModelRunner, str]:
+    """A runner built as rose-run builds one (``executor/builder.py``): its pool
+    sized by the memory planner on CUDA, ``max_num_seqs`` full sequences on CPU;
+    warmed up (CUDA graphs, then the largest shapes); returns it and a line on its
+    set-up."""
+    start = time.perf_counter()
+    blocks = builder.max_useful_blocks(args.max_num_seqs, max_model_len, BLOCK_SIZE)
+    cpu = loaded.device.type == "cpu"
+    pool = builder.KVPoolChoice(
+        BLOCK_SIZE, num_kv_blocks=blocks if cpu else None,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )  # fmt: skip
+    size = builder.size_kv_pool(pool, loaded, blocks)
+    config = scheduler_config(args, size.num_blocks, max_model_len)
+    built = builder.build_runner(loaded, config, size, builder.RunnerChoice(backend))
+    runner = built.runner
+    builder.warm_up(runner, built.config)
+    plan = built.pool.plan
+    note = (
+        plan.describe() if plan else f"KV pool {blocks} blocks (CPU: max_num_seqs full sequences)"
+    )
+    setup_s = time.perf_counter() - start
+    return runner, (
+        f"roseinfer-{runner.attention_backend}: {note}; CUDA graphs "
+        f"{runner.cuda_graph_capture_s:.1f} s; set-up {setup_s:.1f} s"
+    )
+
+
+def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: int):
+    """Replay ``reqs``; returns the result, its step records and step timings."""
+    recorder = StepRecorder(keep=True)
+    config = scheduler_config(args, runner.num_kv_blocks, max_model_len)
+    engine = Engine(runner, config, record_timings=True, on_step=recorder)
+    result = engine.run(reqs)
+    return result, recorder.records or [], result.timings
+
+
+def throughput_row(workload: str, system: str, reqs: Sequence[Request], wall_s: float,
+                   floor_s: float | None) -> list[object]:  # fmt: skip
+    out = sum(r.max_output_tokens for r in reqs)
+    total = out + sum(r.num_prompt_tokens for r in reqs)
+    floor = f"{floor_s / wall_s:.2f}" if floor_s else ""
+    return [workload, system, len(reqs), f"{out / wall_s:.0f}", f"{total / wall_s:.0f}",
+            f"{wall_s:.1f}", floor]  # fmt: skip
+
+
+def planning_share(timings) -> str:
+    """Median scheduler host time of the largest decode steps, as a share of the step."""
+    decodes = [t for t in timings if t.phase == "decode"]
+    if not decodes:
+        return "no decode step"
+    largest = max(t.num_seqs for t in decodes)
+    top = [t for t in decodes if t.num_seqs == largest]
+    host = statistics.median(t.host_s + t.prepare_s for t in top)
+    step = statistics.median(t.host_s + t.prepare_s + t.forward_s for t in top)
+    return (
+        f"planning {host * 1e3:.2f} ms of {step * 1e3:.2f} ms ({host / step:.0%}) at {largest} seqs"
+    )
+
+
+def timed_forward(runner: ModelRunner, inputs) -> tuple[float, float]:
+    """Median wall and host seconds of ``REPEATS`` forwards (after one untimed)."""
+    runner.forward(inputs)
+    walls, runner.host_times_s = [], []
+    for _ in range(REPEATS):
+        synchronize(runner.device)
+        start = time.perf_counter()
+        runner.forward(inputs)
+        synchronize(runner.device)
+        walls.append(time.perf_counter() - start)
+    host = statistics.median(runner.host_times_s)
+    runner.host_times_s = None
+    return statistics.median(walls), host
+
+
+def step_shapes(args) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(c): name and ``(new_tokens, context)`` per sequence."""
+    decodes, context = (SMALL["decodes"], SMALL["context"]) if args.small else (
+        DECODE_BATCHES, DECODE_CONTEXT)  # fmt: skip
+    count, length = SMALL["prefill"] if args.small else PREFILL_SHAPE
+    shapes = [(f"decode {n} x ctx {context}", [(1, context)] * n) for n in decodes]
+    return [*shapes, (f"prefill {count} x {length}", [(length, length)] * count)]
+
+
+def step_rows(runner: ModelRunner, args, floor: RooflineCostModel) -> list[list[object]]:
+    rows = []
+    for name, seqs in step_shapes(args):
+        if len(seqs) > args.max_num_seqs and name.startswith("decode"):
+            continue
+        inputs = scratch_inputs(seqs, BLOCK_SIZE, runner.num_kv_blocks, runner.vocab_size)
+        wall_s, host_s = timed_forward(runner, inputs)
+        floor_s = floor.step_time_s(step_shape(seqs))
+        rows.append([name, f"roseinfer-{runner.attention_backend}", f"{wall_s * 1e3:.2f}",
+                     f"{floor_s * 1e3:.2f}", f"{wall_s / floor_s:.2f}",
+                     f"{host_s * 1e3:.2f} ({host_s / wall_s:.0%})"])  # fmt: skip
+    return rows
+
+
+def step_shape(seqs: list[tuple[int, int]]) -> BatchShape:
+    prefills = [(n, c) for n, c in seqs if n > 1]
+    return BatchShape(
+        prefill_new_tokens=[n for n, _ in prefills],
+        prefill_context_tokens=[c for _, c in prefills],
+        decode_context_tokens=[c for n, c in seqs if n == 1],
+    )
+
+
+# ------------------------------------------------------------------ driver
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def bench_backend(loaded, backend, args, loads, floor, max_model_len):
+    """Every workload on one backend: throughput rows, step rows, notes."""
+    runner, note = make_runner(loaded, backend, args, max_model_len)
+    notes, rows = [note], []
+    for name, reqs in loads.items():
+        if name != "a-sub" and backend != args.backends[0]:
+            continue  # the slower backends run the subset and the steps only
+        result, records, timings = run_engine(runner, args, reqs, max_model_len)
+        floor_s = sum(floor.step_time_s(r.shape) for r in records)
+        rows.append(throughput_row(name, f"roseinfer-{backend}", reqs, result.duration_s, floor_s))
+        if backend == args.backends[0]:
+            rows.append(throughput_row(name, f"floor of its steps ({args.hardware})", reqs,
+                                       floor_s, floor_s))  # fmt: skip
+        if name == "a":
+            notes.append(f"roseinfer-{backend} on (a): {planning_share(timings)}")
+        print(f"  {name} roseinfer-{backend}: {result.duration_s:.1f} s", file=sys.stderr)
+    steps = step_rows(runner, args, floor)
+    del runner
+    free_memory()
+    return rows, steps, notes
+
+
+def bench_hf(model, reqs: list[Request], device: torch.device) -> tuple[Result, str]:
+    from transformers import ContinuousBatchingConfig
+
+    config = (
+        ContinuousBatchingConfig(seed=0) if device.type == "cuda" else hf_cb_config(reqs, 16, None)
+    )
+    result = hf_cb(model, reqs, config)
+    impl = getattr(model.config, "_attn_implementation", "?")
+    return result, f"hf-cb: attention {impl}, cuda graphs {getattr(config, 'use_cuda_graph', None)}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    print(device_line(device))
+    dtype = str(args.dtype).removeprefix("torch.")
+    loaded = builder.load_model(builder.ModelChoice(args.model, args.device, dtype, seed=0))
+    model, hf_config = loaded.model, loaded.hf_config
+    max_model_len = min(args.max_model_len, loaded.max_context)
+    vocab = loaded.vocab_size
+    prompt, output = (SMALL["prompt"], SMALL["output"]) if args.small else (ANCHOR_PROMPT,
+                                                                           ANCHOR_OUTPUT)  # fmt: skip
+    anchor = anchor_workload(args.num_requests, prompt, output, vocab)
+    loads = {"a": anchor, "a-sub": anchor[: args.subset],
+             "b": azure_workload(args.num_requests, max_model_len, vocab)}  # fmt: skip
+    floor = floor_model(args.model, hf_config, args.dtype, args.hardware)
+    rows, steps, notes = [], [], []
+    for backend in args.backends:
+        r, s, n = bench_backend(loaded, backend, args, loads, floor, max_model_len)
+        rows, steps, notes = rows + r, steps + s, notes + n
+    if not args.no_hf:
+        result, note = bench_hf(model, loads["a-sub"], device)
+        rows.append(throughput_row("a-sub", "hf-cb", loads["a-sub"], result.wall_s, None))
+        first = next(r for r in rows if r[:2] == ["a-sub", f"roseinfer-{args.backends[0]}"])
+        speedup = float(first[3]) / float(rows[-1][3])
+        notes += [note, f"roseinfer-{args.backends[0]} / hf-cb on a-sub: {speedup:.1f}x out tok/s"]
+    print_report(args, rows, steps, notes, floor)
+
+
+def print_report(args, rows, steps, notes, floor: RooflineCostModel) -> None:
+    print(
+        f"model {args.model} ({str(args.dtype).removeprefix('torch.')}), floor: {floor.describe()}"
+    )
+    print(table(["workload", "system", "requests", "out tok/s", "total tok/s", "s",
+                 "floor/measured"], rows))  # fmt: skip
+    print()
+    print(table(["step", "system", "ms", "floor ms", "x floor", "host ms (share)"], steps))
+    for note in notes:
+        print(f"  {note}")
+
+
+if __name__ == "__main__":
+    main()

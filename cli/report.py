@@ -1,0 +1,87 @@
+"""A run's summary: printed as a table and written to the files the flags name."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import pandas as pd
+
+from roseinfer.metrics import (
+    LogHistogram,
+    fair_share_fairness,
+    format_summary,
+    parse_goodput,
+    per_class,
+    per_tenant,
+    summarize,
+    summary_warnings,
+    write_records,
+    write_result,
+)
+from roseinfer.registry import current_warning_sink
+
+
+def report(
+    args: argparse.Namespace,
+    records: pd.DataFrame,
+    *,
+    duration_s: float,
+    title: str,
+    extra: dict[str, Any],
+    itl: LogHistogram | None = None,
+) -> dict[str, Any]:
+    """Summarize, print the table (unless ``--no-summary``) and write the files asked for
+    (``itl``: the run's ITL histogram when its records carry no token times).
+
+    Returns:
+        The flat result dict (what ``--save-result`` writes).
+    """
+    goodput = parse_goodput(args.goodput) if args.goodput else None
+    summary = summarize(records, duration_s=duration_s, goodput=goodput, itl=itl)
+    groups, tables = _group_results(records, goodput)
+    result: dict[str, Any] = {**summary, **extra, **groups}
+    if not args.no_summary:
+        # KV tier lines and the cost model's extrapolation warning
+        shown = {k: v for k, v in extra.items() if k.startswith(("kv_", "cost_model_"))}
+        print(format_summary({**summary, **shown}, title))
+        for table in tables:
+            print(table)
+    else:  # no table to carry them: the warnings still reach the user
+        warn = current_warning_sink() or _stderr_warning
+        for line in summary_warnings(result, records):
+            warn(line)
+    if args.save_result is not None:
+        write_result(result, args.save_result)
+    if args.save_records is not None:
+        write_records(records, args.save_records)
+    return result
+
+
+def _group_results(
+    records: pd.DataFrame, goodput: dict[str, float] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Per-tenant and per-priority-class figures when the run has several: flat
+    keys for the result file, and the tables as text."""
+    out: dict[str, Any] = {}
+    tables: list[str] = []
+    if records["tenant"].nunique(dropna=False) > 1:
+        table = per_tenant(records)
+        out["jain_fair_share"] = fair_share_fairness(records)
+        for row in table.itertuples():
+            out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
+        tables.append("per tenant:\n" + table.round(1).to_string(index=False))
+    has_deadlines = "deadline_s" in records and records["deadline_s"].notna().any()
+    if "priority" in records and (records["priority"].nunique() > 1 or has_deadlines):
+        table = per_class(records, goodput=goodput)
+        for row in table.to_dict("records"):
+            for key in ("p99_ttft_ms", "slo_attainment", "request_goodput"):
+                if key in row:
+                    out[f"class_{row['class']}_{key}"] = row[key]
+        tables.append("per priority class:\n" + table.round(3).to_string(index=False))
+    return out, tables
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)

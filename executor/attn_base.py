@@ -1,0 +1,98 @@
+"""The attention-backend interface every backend implements.
+
+Per pass the runner asks its backend for:
+
+* :meth:`AttentionBackend.host_fields`: extra integer arrays the backend wants
+  in the pass's metadata (built on the host with numpy, sent to the device in
+  the same single copy as the token ids, positions, slot mapping, ...);
+* :meth:`AttentionBackend.build_metadata`: whatever it derives from the pass
+  (:class:`~roseinfer.executor.input_batch.StepBatch`) once, for all layers;
+* per layer, :meth:`AttentionBackend.write_kv` (store this pass's K/V at its
+  slots) and :meth:`AttentionBackend.forward` (attend).
+
+CUDA graphs: a backend with ``supports_cuda_graphs`` builds its metadata from
+device tensors and host integers that are fixed for a padded decode batch, so
+the graph runner (:mod:`roseinfer.executor.graph_runner`) can capture its
+kernels once over persistent buffers and replay them with new contents.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .input_batch import StepBatch
+
+
+class AttentionBackend:
+    """One way to attend over the paged KV cache (see the module doc).
+
+    Attributes:
+        name: the ``attention_backend`` value it answers to.
+        supports_cuda_graphs: its decode metadata can be captured in a CUDA graph.
+    """
+
+    name = ""
+    supports_cuda_graphs = False
+
+    def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
+        """Extra int64 arrays for this pass, copied to the device with the rest.
+
+        Args:
+            query_lens: ``[num_seqs]`` new tokens per sequence.
+            max_query_len: their maximum.
+        """
+        return {}
+
+    def build_metadata(self, batch: StepBatch) -> Any:
+        """What every layer of this pass needs (built once per pass)."""
+        return None
+
+    def write_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: StepBatch,
+    ) -> None:
+        """Store ``[num_tokens, num_kv_heads, head_dim]`` K/V at the pass's slots
+        (``index_copy_``: every slot must be a real one)."""
+        heads = (-1, k_cache.shape[2], k_cache.shape[3])
+        k_cache.view(heads).index_copy_(0, batch.slot_mapping, k)
+        v_cache.view(heads).index_copy_(0, batch.slot_mapping, v)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: Any,
+        batch: StepBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention outputs ``[num_tokens, num_heads, head_dim]``.
+
+        Args:
+            q: ``[num_tokens, num_heads, head_dim]``; k, v: this pass's new K/V
+                ``[num_tokens, num_kv_heads, head_dim]`` (already in the cache).
+            k_cache, v_cache: the layer's ``[num_blocks, block_size, num_kv_heads,
+                head_dim]`` pools.
+            meta: :meth:`build_metadata`'s result; batch: the pass.
+            scale: softmax scale of q.k in this layer.
+        """
+        raise NotImplementedError
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend's kernel failed to build or run here (the runner may fall back)."""
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    """The smallest power of two >= ``max(n, floor)`` (Triton block shapes)."""
+    return max(floor, 1 << max(0, n - 1).bit_length())

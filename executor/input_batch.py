@@ -1,0 +1,261 @@
+"""Input batch: one pass's metadata, built on the host with numpy, sent in one copy.
+
+Per pass the runner turns its sequences into integer arrays (vLLM's names):
+token ids, positions, slot mapping (``[num_tokens]``), query start locations
+(``[num_seqs + 1]``), sequence lengths (context tokens, ``[num_seqs]``), the
+index of each sequence's last token, block tables (``[num_seqs, max_blocks]``,
+padded with block 0) and whatever the attention backend adds
+(:meth:`~roseinfer.executor.attention.AttentionBackend.host_fields`). They are
+written into one persistent host buffer (pinned on CUDA) and copied to one
+persistent device buffer with a single asynchronous copy; every field is then a
+view of that device buffer. Nothing here waits for the device: on CUDA two
+host buffers alternate, and a buffer is rewritten only once the copy that last
+read it is done (an event, normally long finished by then). On CPU the host
+buffer *is* the device buffer.
+
+A decode batch for a CUDA graph is padded up to its captured size with rows
+that compute nothing: token 0 at position 0, slot -1 (the store skips it),
+sequence length 0 (attention sees no key).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .model_runner import SeqInput
+
+PAD_SLOT = -1
+HostFields = Callable[[np.ndarray, int], dict[str, np.ndarray]]
+
+
+@dataclass(slots=True)
+class HostStep:
+    """The host copies of the fields the SDPA paths read per sequence.
+
+    Attributes:
+        query_lens, seq_lens: ``[num_seqs]`` int64.
+        query_start_loc: ``[num_seqs + 1]`` int64.
+        block_tables: ``[num_seqs, max_blocks]`` int64, zero-padded.
+    """
+
+    query_lens: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    block_tables: np.ndarray
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """One pass's metadata on the device (views of the persistent buffer).
+
+    Attributes:
+        num_tokens, num_seqs: sizes (padding included); num_real_seqs: without it.
+        max_query_len, max_seq_len: host ints (no device read).
+        block_size, num_kv_blocks: the pool's.
+        token_ids, positions, slot_mapping: ``[num_tokens]`` int64.
+        query_start_loc: ``[num_seqs + 1]``; seq_lens, last_token_indices: ``[num_seqs]``.
+        block_tables: ``[num_seqs, max_blocks]`` int64.
+        extra: the backend's fields by name.
+        host: host copies (see :class:`HostStep`).
+    """
+
+    num_tokens: int
+    num_seqs: int
+    num_real_seqs: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    num_kv_blocks: int
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    last_token_indices: torch.Tensor
+    block_tables: torch.Tensor
+    host: HostStep
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def flat_fields(self) -> dict[str, torch.Tensor]:
+        """The one-dimensional fields by name (the graph runner copies these)."""
+        return {
+            "token_ids": self.token_ids,
+            "positions": self.positions,
+            "slot_mapping": self.slot_mapping,
+            "query_start_loc": self.query_start_loc,
+            "seq_lens": self.seq_lens,
+            "last_token_indices": self.last_token_indices,
+            **self.extra,
+        }
+
+
+def host_arrays(
+    seqs: Sequence[SeqInput], block_size: int, pad_to: int | None = None
+) -> tuple[dict[str, np.ndarray], HostStep]:
+    """The pass's fields as int64 numpy arrays (see the module doc).
+
+    Args:
+        seqs: checked runner inputs (``ModelRunner`` checks them).
+        pad_to: for a decode batch (one token each), the row count to pad to.
+
+    Returns:
+        the one-dimensional fields by name, and the :class:`HostStep`.
+    """
+    num_seqs = len(seqs)
+    query_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
+    starts = np.fromiter((s.start_pos for s in seqs), np.int64, num_seqs)
+    seq_lens = starts + query_lens
+    query_start_loc = np.zeros(num_seqs + 1, np.int64)
+    np.cumsum(query_lens, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+    token_ids = np.fromiter(
+        itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens
+    )
+    positions = np.arange(num_tokens, dtype=np.int64)
+    positions += np.repeat(starts - query_start_loc[:-1], query_lens)
+    num_blocks = -(-seq_lens // block_size)
+    block_tables = np.zeros((num_seqs, int(num_blocks.max())), np.int64)
+    for i, seq in enumerate(seqs):
+        n = int(num_blocks[i])
+        block_tables[i, :n] = seq.block_table[:n]
+    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    slots = block_tables[seq_of_token, positions // block_size] * block_size
+    slots += positions % block_size
+    fields = {
+        "token_ids": token_ids,
+        "positions": positions,
+        "slot_mapping": slots,
+        "seq_lens": seq_lens,
+    }
+    if pad_to is not None and pad_to > num_seqs:
+        fields, query_lens, block_tables = _pad_decodes(fields, query_lens, block_tables, pad_to)
+        query_start_loc = np.arange(pad_to + 1, dtype=np.int64)
+    fields["query_start_loc"] = query_start_loc
+    fields["last_token_indices"] = query_start_loc[1:] - 1
+    host = HostStep(query_lens, fields["seq_lens"], query_start_loc, block_tables)
+    return fields, host
+
+
+def _pad_decodes(
+    fields: dict[str, np.ndarray], query_lens: np.ndarray, block_tables: np.ndarray, rows: int
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Append ``rows - len(query_lens)`` rows that compute nothing (module doc)."""
+    num_pad = rows - len(query_lens)
+    if int(query_lens.max()) != 1:
+        raise ValueError("only a decode batch (one token per sequence) is padded")
+    pad_values = {"token_ids": 0, "positions": 0, "slot_mapping": PAD_SLOT, "seq_lens": 0}
+    padded = {
+        name: np.concatenate([a, np.full(num_pad, pad_values[name], np.int64)])
+        for name, a in fields.items()
+    }
+    tables = np.concatenate([block_tables, np.zeros((num_pad, block_tables.shape[1]), np.int64)])
+    return padded, np.ones(rows, np.int64), tables
+
+
+@dataclass(slots=True)
+class _Buffer:
+    host: torch.Tensor
+    device: torch.Tensor
+    copied: torch.cuda.Event | None = None
+
+
+class InputBatch:
+    """Persistent buffers for one pass's metadata (see the module doc).
+
+    Args:
+        device: where the model runs.
+        block_size: tokens per KV block.
+        initial_capacity: int64 elements per buffer at first (grown by doubling).
+    """
+
+    def __init__(
+        self, device: torch.device, block_size: int, initial_capacity: int = 1 << 14
+    ) -> None:
+        self.device = device
+        self.block_size = block_size
+        self._cuda = device.type == "cuda"
+        self._buffers = [self._allocate(initial_capacity) for _ in range(2 if self._cuda else 1)]
+        self._turn = 0
+
+    def build(
+        self,
+        seqs: Sequence[SeqInput],
+        host_fields: HostFields,
+        num_kv_blocks: int,
+        pad_to: int | None = None,
+    ) -> StepBatch:
+        """The pass's :class:`StepBatch` (one host-to-device copy on CUDA).
+
+        Args:
+            seqs: checked runner inputs.
+            host_fields: the backend's extra fields (query lens, max query len -> arrays).
+            num_kv_blocks: blocks in the pool (carried for the backends).
+            pad_to: pad a decode batch to this many rows (CUDA graphs).
+        """
+        fields, host = host_arrays(seqs, self.block_size, pad_to)
+        max_query_len = int(host.query_lens.max())
+        extra = host_fields(host.query_lens, max_query_len)
+        arrays = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]
+        arrays.extend(extra.items())
+        views = self._copy(arrays)
+        num_seqs = len(host.query_lens)
+        return StepBatch(
+            num_tokens=len(fields["token_ids"]),
+            num_seqs=num_seqs,
+            num_real_seqs=len(seqs),
+            max_query_len=max_query_len,
+            max_seq_len=int(host.seq_lens.max()),
+            block_size=self.block_size,
+            num_kv_blocks=num_kv_blocks,
+            token_ids=views["token_ids"],
+            positions=views["positions"],
+            slot_mapping=views["slot_mapping"],
+            query_start_loc=views["query_start_loc"],
+            seq_lens=views["seq_lens"],
+            last_token_indices=views["last_token_indices"],
+            block_tables=views["block_tables"].view(num_seqs, -1),
+            host=host,
+            extra={name: views[name] for name in extra},
+        )
+
+    def _copy(self, arrays: list[tuple[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        """Pack ``arrays`` into the next host buffer, copy it once, return device views."""
+        total = sum(a.size for _, a in arrays)
+        buf = self._next_buffer(total)
+        packed = buf.host.numpy()
+        offsets, start = {}, 0
+        for name, a in arrays:
+            packed[start : start + a.size] = a
+            offsets[name] = (start, a.size)
+            start += a.size
+        if self._cuda:
+            buf.device[:total].copy_(buf.host[:total], non_blocking=True)
+            buf.copied = torch.cuda.Event()
+            buf.copied.record()
+        return {name: buf.device[s : s + n] for name, (s, n) in offsets.items()}
+
+    def _next_buffer(self, num_elements: int) -> _Buffer:
+        """The buffer to write now, grown if too small; waits (on CUDA) only for
+        the copy that last read it."""
+        self._turn = (self._turn + 1) % len(self._buffers)
+        buf = self._buffers[self._turn]
+        if buf.copied is not None:
+            buf.copied.synchronize()
+        if buf.host.numel() < num_elements:
+            capacity = 1 << max(0, num_elements - 1).bit_length()
+            buf = self._buffers[self._turn] = self._allocate(capacity)
+        return buf
+
+    def _allocate(self, capacity: int) -> _Buffer:
+        host = torch.zeros(capacity, dtype=torch.int64, pin_memory=self._cuda)
+        device = (
+            torch.zeros(capacity, dtype=torch.int64, device=self.device) if self._cuda else host
+        )
+        return _Buffer(host, device)

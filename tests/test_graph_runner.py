@@ -1,0 +1,135 @@
+"""The decode graph runner: capture sizes, padding, static buffers, replay bookkeeping.
+
+Without CUDA the graph runner runs its static-buffer path eagerly with the Triton
+backend in Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is
+imported): everything but ``torch.cuda.CUDAGraph`` itself. The CUDA graphs are
+checked in ``tests/test_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from test_model_runner import prompts_of, tiny  # noqa: E402
+
+from roseinfer.config import SchedulerConfig  # noqa: E402
+from roseinfer.executor.graph_runner import capture_sizes, padded_size  # noqa: E402
+from roseinfer.executor.input_batch import InputBatch, host_arrays  # noqa: E402
+from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
+from roseinfer.executor.warmup import warm_up  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs the triton package"
+)
+
+
+def test_capture_sizes_are_vllms_up_to_max_num_seqs():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(13) == [1, 2, 4, 8]
+    assert capture_sizes(256) == [1, 2, 4, *range(8, 257, 8)]
+    assert capture_sizes(4096)[-1] == 512 and len(capture_sizes(4096)) == 67
+    assert padded_size(3, [1, 2, 4, 8]) == 4 and padded_size(8, [1, 2, 4, 8]) == 8
+    assert padded_size(9, [1, 2, 4, 8]) is None
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        capture_sizes(0)
+
+
+def test_host_arrays_pack_a_step_and_pad_decodes():
+    """Positions, slot mapping, query starts and block tables from numpy; a decode
+    batch padded with rows that store nothing (slot -1) and see nothing (length 0)."""
+    seqs = [SeqInput([7, 8, 9], 2, [5, 6]), SeqInput([4], 6, [1, 3])]
+    fields, host = host_arrays(seqs, block_size=4)
+    assert fields["positions"].tolist() == [2, 3, 4, 6]
+    assert fields["slot_mapping"].tolist() == [22, 23, 24, 14]
+    assert fields["query_start_loc"].tolist() == [0, 3, 4]
+    assert fields["last_token_indices"].tolist() == [2, 3]
+    assert host.seq_lens.tolist() == [5, 7] and host.block_tables.tolist() == [[5, 6], [1, 3]]
+    decodes = [SeqInput([4], 6, [1, 3]), SeqInput([2], 0, [9])]
+    fields, host = host_arrays(decodes, block_size=4, pad_to=4)
+    assert fields["slot_mapping"].tolist() == [14, 36, -1, -1]
+    assert fields["seq_lens"].tolist() == [7, 1, 0, 0]
+    assert fields["query_start_loc"].tolist() == [0, 1, 2, 3, 4]
+    assert host.block_tables.tolist() == [[1, 3], [9, 0], [0, 0], [0, 0]]
+    with pytest.raises(ValueError, match="decode batch"):
+        host_arrays(seqs, block_size=4, pad_to=4)
+
+
+def test_input_batch_views_share_one_buffer_and_grow():
+    batch_maker = InputBatch(torch.device("cpu"), block_size=4, initial_capacity=8)
+    seqs = [SeqInput(list(range(9)), 0, [0, 1, 2])]
+    batch = batch_maker.build(seqs, lambda q, m: {}, num_kv_blocks=4)
+    assert batch.token_ids.tolist() == list(range(9))
+    assert batch.block_tables.tolist() == [[0, 1, 2]]
+    base = batch.token_ids.untyped_storage().data_ptr()
+    assert batch.slot_mapping.untyped_storage().data_ptr() == base  # one buffer
+
+
+def runner_for(model, **kw):
+    return ModelRunner(
+        model, num_kv_blocks=64, block_size=4, device=DEVICE, dtype=torch.float32,
+        attention_backend="triton", **kw,
+    )  # fmt: skip
+
+
+def decode_tokens(runner, prompts, tables, num_steps):
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    outs = [[t] for t in logits.argmax(-1).tolist()]
+    for _ in range(num_steps):
+        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
+        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
+            out.append(token)
+    return outs
+
+
+@needs_triton
+def test_static_decode_path_gives_the_eager_tokens(monkeypatch):
+    """Decodes of 3 sequences run padded to 4 through the static buffers (the
+    graph path) and give the tokens of the eager runner; a batch past the largest
+    size runs eagerly."""
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts, tables = prompts_of(3, 9, 6), [list(range(i * 8, i * 8 + 8)) for i in range(3)]
+    eager = decode_tokens(runner_for(model, enforce_eager=True), prompts, tables, 3)
+    runner = runner_for(model)
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=32)
+    assert runner.graphs is not None and runner.graphs.captured_sizes == [1, 2, 4]
+    sizes = []
+    real_run = runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda b: sizes.append(b.num_seqs) or real_run(b))
+    assert decode_tokens(runner, prompts, tables, 3) == eager
+    assert sizes == [4, 4, 4]
+    five = [SeqInput([1], 3, [40 + i]) for i in range(5)]
+    runner.forward(five)
+    assert sizes == [4, 4, 4]  # 5 > 4: eager
+
+
+@needs_triton
+def test_graphs_off_when_eager_or_backend_cannot_be_captured():
+    model = tiny("tiny-llama").to(DEVICE)
+    eager = runner_for(model, enforce_eager=True)
+    assert eager.capture_cuda_graphs(8, 32) == 0.0 and eager.graphs is None
+    assert eager.graph_batch_sizes == ()
+    sdpa = ModelRunner(
+        model, num_kv_blocks=8, block_size=4, device=DEVICE, dtype=torch.float32,
+        attention_backend="sdpa",
+    )  # fmt: skip
+    assert sdpa.capture_cuda_graphs(8, 32) == 0.0 and sdpa.graph_batch_sizes == ()
+
+
+@needs_triton
+def test_warm_up_captures_first_and_reallocation_drops_graphs():
+    model = tiny("tiny-llama").to(DEVICE)
+    runner = runner_for(model)
+    config = SchedulerConfig(num_kv_blocks=64, block_size=4, max_num_seqs=2, max_model_len=16)
+    steps = warm_up(runner, config)
+    assert steps[0].name == "cuda-graphs" and steps[0].num_seqs == 2
+    assert runner.graphs is not None and runner.cuda_graph_capture_s > 0
+    runner.allocate_kv_cache(32)
+    assert runner.graphs is None and runner.num_kv_blocks == 32

@@ -1,0 +1,285 @@
+"""The Triton paged-attention and KV-store kernels against SDPA.
+
+Without CUDA the kernels run on CPU tensors in Triton's interpreter
+(``TRITON_INTERPRET=1``, set here before the kernels are first imported); with
+CUDA the same tests run the compiled kernels. Shapes stay tiny: the
+interpreter runs each program in Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
+
+from roseinfer.executor.attn_sdpa import offset_causal_mask, sdpa  # noqa: E402
+from roseinfer.executor.attn_triton import TritonBackend, query_blocks  # noqa: E402
+from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+NUM_BLOCKS = 48
+
+
+def kernels():
+    from roseinfer.executor import triton_kernels
+
+    return triton_kernels
+
+
+def paged_case(shapes, *, heads=4, kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32):
+    """Random queries, a random pool and scattered block tables for sequences of
+    ``(query_len, seq_len)``: tensors and host lists."""
+    gen = torch.Generator().manual_seed(sum(q * 31 + s for q, s in shapes) + block_size)
+    pool_shape = (NUM_BLOCKS, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(pool_shape, generator=gen).to(DEVICE, dtype)
+    v_cache = torch.randn(pool_shape, generator=gen).to(DEVICE, dtype)
+    order = torch.randperm(NUM_BLOCKS, generator=gen).tolist()
+    tables, used = [], 0
+    for _, seq_len in shapes:
+        n = max(1, -(-seq_len // block_size))
+        tables.append(order[used : used + n])
+        used += n
+    width = max(len(t) for t in tables)
+    num_tokens = sum(q for q, _ in shapes)
+    q = torch.randn((num_tokens, heads, head_dim), generator=gen).to(DEVICE, dtype)
+    query_lens = [ql for ql, _ in shapes]
+    as_long = {"dtype": torch.long, "device": DEVICE}
+    return {
+        "q": q,
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "tables": tables,
+        "block_tables": torch.tensor([t + [0] * (width - len(t)) for t in tables], **as_long),
+        "seq_lens": torch.tensor([s for _, s in shapes], **as_long),
+        "query_start_loc": torch.tensor([0, *itertools.accumulate(query_lens)], **as_long),
+        "shapes": shapes,
+    }
+
+
+def sdpa_reference(case, scale):
+    """Each sequence alone: its context gathered from its blocks, SDPA with a
+    bottom-right causal mask, in float32. A sequence with no key outputs 0."""
+    q, k_cache, v_cache = case["q"].float(), case["k_cache"].float(), case["v_cache"].float()
+    out = torch.zeros_like(q)
+    start = 0
+    for (query_len, seq_len), table in zip(case["shapes"], case["tables"]):
+        rows = slice(start, start + query_len)
+        start += query_len
+        if seq_len == 0:
+            continue
+        blocks = torch.tensor(table, device=DEVICE)
+        k = k_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
+        v = v_cache.index_select(0, blocks).flatten(0, 1)[:seq_len]
+        mask = offset_causal_mask(query_len, seq_len, q.device)
+        out[rows] = sdpa(q[rows][None], k[None], v[None], mask, scale)[0]
+    return out
+
+
+def run_kernel(case, *, block_q, tile_n=16, num_splits=1):
+    query_lens = torch.diff(case["query_start_loc"]).cpu().numpy()
+    seq, start = query_blocks(query_lens, block_q)
+    out = torch.full_like(case["q"], float("nan"))
+    scale = 1 / math.sqrt(case["q"].shape[-1])
+    kernels().paged_attention(
+        out,
+        case["q"],
+        case["k_cache"],
+        case["v_cache"],
+        block_tables=case["block_tables"],
+        seq_lens=case["seq_lens"],
+        query_start_loc=case["query_start_loc"],
+        q_block_seq=torch.from_numpy(seq).to(DEVICE),
+        q_block_start=torch.from_numpy(start).to(DEVICE),
+        num_q_blocks=len(seq),
+        block_q=block_q,
+        tile_n=tile_n,
+        num_splits=num_splits,
+        scale=scale,
+    )
+    return out, sdpa_reference(case, scale)
+
+
+# A prompt from position 0, a chunk over a cached prefix ending inside a block, a
+# decode, a decode of a one-token context, a chunk spanning several blocks.
+MIXED = [(5, 5), (3, 10), (1, 7), (1, 1), (6, 13)]
+
+
+@pytest.mark.parametrize("block_q", [1, 4])
+@pytest.mark.parametrize("block_size", [4, 6])
+def test_mixed_batch_matches_sdpa(block_q, block_size):
+    """Prompts, cached prefixes, chunks and decodes in one launch; block sizes that
+    are and are not powers of two; one query per program or several."""
+    out, expected = run_kernel(paged_case(MIXED, block_size=block_size), block_q=block_q)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4])
+def test_gqa_packing_and_mha(kv_heads):
+    """4 query heads over 1 KV head (MQA: all packed in one program) and over 4 (MHA)."""
+    out, expected = run_kernel(paged_case(MIXED, kv_heads=kv_heads), block_q=2, tile_n=32)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_split_kv_decode_matches_and_padding_rows_give_zero(num_splits):
+    """Split-KV decodes (more splits than some contexts have tiles) equal one pass;
+    a padding row (sequence length 0) outputs 0, not NaN."""
+    case = paged_case([(1, 17), (1, 3), (1, 40), (1, 0)])
+    out, expected = run_kernel(case, block_q=4, num_splits=num_splits)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+
+
+def test_float16_matches_sdpa():
+    out, expected = run_kernel(paged_case(MIXED, dtype=torch.float16), block_q=4)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
+
+
+def test_store_kv_writes_slots_and_skips_padded_ones():
+    """New K/V land at their slots; slot -1 (padding) writes nothing; K/V may be
+    strided views (GPT-2's fused projection)."""
+    gen = torch.Generator().manual_seed(3)
+    k_cache = torch.randn((8, 4, 2, 16), generator=gen).to(DEVICE)
+    v_cache = torch.randn((8, 4, 2, 16), generator=gen).to(DEVICE)
+    fused = torch.randn((5, 3 * 32), generator=gen).to(DEVICE)
+    k, v = fused[:, 32:64].view(5, 2, 16), fused[:, 64:].view(5, 2, 16)
+    slots = torch.tensor([3, -1, 17, 0, -1], device=DEVICE)
+    expected_k, expected_v = k_cache.clone().view(-1, 2, 16), v_cache.clone().view(-1, 2, 16)
+    kept = torch.tensor([0, 2, 3], device=DEVICE)
+    expected_k[slots[kept]] = k[kept]
+    expected_v[slots[kept]] = v[kept]
+    kernels().store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.view(-1, 2, 16), expected_k)
+    assert torch.equal(v_cache.view(-1, 2, 16), expected_v)
+
+
+def test_query_blocks_cut_each_sequence():
+    import numpy as np
+
+    seq, start = query_blocks(np.array([5, 1, 3]), 2)
+    assert seq.tolist() == [0, 0, 0, 1, 2, 2]
+    assert start.tolist() == [0, 2, 4, 0, 0, 2]
+
+
+def test_split_rule_follows_the_capture_grid():
+    """Splits only for decode batches too small for the SMs, the same for every
+    batch size that pads to one capture size (so graph and eager agree)."""
+    backend = TritonBackend(num_heads=8, num_kv_heads=2, device=DEVICE)
+    backend.num_sms = 132
+    assert backend.num_splits(1, 1) == 16  # 2 programs: capped at MAX_SPLITS
+    assert backend.num_splits(3, 1) == backend.num_splits(4, 1) == 16  # ceil(132 / 8), capped
+    assert backend.num_splits(13, 1) == backend.num_splits(16, 1) == 5  # ceil(132 / 32)
+    assert backend.num_splits(256, 1) == 1
+    assert backend.num_splits(2, 7) == 1  # not a decode batch
+    assert backend.block_q(1) == 16 // 4 and backend.block_q(9) == 64 // 4
+
+
+# ------------------------------------------------------------- in the runner
+
+
+def triton_runner(model, **kw):
+    return ModelRunner(
+        model, num_kv_blocks=64, block_size=4, device=DEVICE, dtype=torch.float32,
+        attention_backend="triton", **kw,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_triton_runner_greedy_matches_generate(name):
+    """Prompts then decodes, scattered blocks; GPT-2's strided fused q/k/v and
+    per-layer scale, Llama's GQA and RoPE."""
+    model = tiny(name, scale_attn_by_inverse_layer_idx=True) if name == "tiny-gpt2" else tiny(name)
+    model = model.to(DEVICE)
+    prompts = prompts_of(3, 9, 6)
+    pool = torch.randperm(64, generator=torch.Generator().manual_seed(5)).tolist()
+    tables = [pool[i * 8 : (i + 1) * 8] for i in range(len(prompts))]
+    runner = triton_runner(model)
+    assert runner.attention_backend == "triton"
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    outs = [[t] for t in logits.argmax(-1).tolist()]
+    for _ in range(4):
+        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
+        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
+            out.append(token)
+    assert outs == [hf_greedy(model, p, 5) for p in prompts]
+
+
+def test_triton_equals_sdpa_on_a_mixed_step_with_passes():
+    """A chunk over a cached prefix, a 1-token chunk and decodes in one step, cut
+    into passes of 6 tokens: the same logits as SDPA."""
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts = prompts_of(10, 7, 9, 4, seed=6)
+    tables = [list(range(i * 8, i * 8 + 8)) for i in range(4)]
+    logits = []
+    for runner in (triton_runner(model, max_tokens_per_pass=6), ModelRunner(
+        model, num_kv_blocks=64, block_size=4, device=DEVICE, dtype=torch.float32,
+        attention_backend="sdpa",
+    )):  # fmt: skip
+        runner.forward([SeqInput(p[:5], 0, t) for p, t in zip(prompts, tables)])
+        step = [
+            SeqInput(prompts[0][5:], 5, tables[0]),
+            SeqInput(prompts[1][5:6], 5, tables[1]),
+            SeqInput([3], 5, tables[2]),
+            SeqInput([4], 5, tables[3]),
+        ]
+        logits.append(runner.forward(step))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+COMPILE_FOR_H100 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from roseinfer.executor import triton_kernels as tk
+
+def build(fn, types, consts):
+    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+ptr = {n: "*bf16" for n in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_ptr", "v_ptr")}
+ptr.update({n: "*i64" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start_ptr",
+                                "q_block_seq_ptr", "q_block_start_ptr", "slot_ptr")})
+ptr.update({n: "*fp32" for n in ("part_out_ptr", "part_max_ptr", "part_sum_ptr")})
+ptr["qk_scale"] = "fp32"
+for block_q, tile, splits in ((4, 32, 1), (4, 32, 8), (16, 64, 1)):
+    build(tk._paged_attention_kernel, ptr, dict(
+        BLOCK_SIZE=16, NUM_GROUPS=4, GROUPS_P=4, BLOCK_Q=block_q, HEAD_DIM=128,
+        HEAD_DIM_P=128, TILE_N=tile, NUM_SPLITS=splits, DOT_PRECISION="tf32"))
+build(tk._store_kv_kernel, ptr, dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HEADS_P=8,
+                                     HEAD_DIM_P=128))
+build(tk._split_kv_reduce_kernel, ptr, dict(NUM_SPLITS=8, SPLITS_P=8, HEAD_DIM=128,
+                                            HEAD_DIM_P=128))
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_an_h100_without_a_gpu():
+    """Triton compiles the kernels to sm_90 code (bf16, Llama-3.1-8B's heads: the
+    decode, split-KV and prefill variants, the store and the reduce) with its
+    bundled ptxas: what the interpreter cannot check (constexpr globals, dot
+    shapes, types). In a fresh process without the interpreter."""
+    import subprocess
+    import sys
+
+    nvidia = importlib.util.find_spec("triton.backends.nvidia")
+    if nvidia is None or nvidia.origin is None:
+        pytest.skip("triton has no NVIDIA backend here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_H100], env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]
