@@ -116,7 +116,8 @@ def require_extra(prog: str, extra: str, modules: tuple[str, ...]) -> None:
     if missing:
         raise CliError(
             f"{prog} runs a real model and needs {', '.join(missing)}, which is not installed: "
-            f"pip install 'roseinfer[{extra}]' (rose-sim needs none of it)"
+            f"install the extra roseinfer[{extra}] (from a checkout: pip install -e '.[{extra}]'; "
+            "rose-sim needs none of it)"
         )
 
 

@@ -10,7 +10,8 @@ and prints the same summary. Examples::
 Trace prompts longer than the model's context are fitted by ``--fit-lengths``
 (``clip``: cut each request to the context; ``scale``: shrink every prompt and
 output by one factor so the longest fits); the result file says which.
-``rose-run profile`` is :mod:`roseinfer.cli.profile`.
+``rose-run profile`` is :mod:`roseinfer.cli.profile`; ``rose-run save-model`` is
+:mod:`roseinfer.cli.save_model`.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run an LLM-serving scheduling policy for real: the shared scheduler "
         "drives a PyTorch model with a paged KV cache (default: the embedded Azure conv "
         "trace sample on GPT-2 with random weights).",
-        epilog="subcommand (its own --help): `rose-run profile --output PROFILE.json ...` "
-        "times the executor's steps over a grid of batch shapes and fits a cost model for "
-        "`rose-sim --cost-model PROFILE.json`.",
+        epilog="subcommands (each has its own --help): `rose-run profile --output PROFILE.json "
+        "...` times the executor's steps over a grid of batch shapes and fits a cost model for "
+        "`rose-sim --cost-model PROFILE.json`; `rose-run save-model --model NAME --output DIR` "
+        "writes a built-in model's random weights and its synthetic tokenizer to a directory "
+        "(for vLLM or transformers).",
     )
     add_common_args(parser)
     g = parser.add_argument_group("executor", EXECUTOR_HELP)
@@ -160,11 +163,16 @@ def _replay(engine: Engine, requests: list[Request], *, show: bool) -> RunResult
 
 
 def main() -> int:
-    """Entry point of ``rose-run`` (``rose-run profile ...`` profiles step times)."""
+    """Entry point of ``rose-run`` (``rose-run profile ...`` profiles step times,
+    ``rose-run save-model ...`` writes a built-in model to a directory)."""
     if sys.argv[1:2] == ["profile"]:
         from roseinfer.cli.profile import profile_main
 
         return profile_main(sys.argv[2:])
+    if sys.argv[1:2] == ["save-model"]:
+        from roseinfer.cli.save_model import save_model_main
+
+        return save_model_main(sys.argv[2:])
     return run_main(PROG, build_parser(), check_run_args, _run)
 
 

@@ -422,3 +422,46 @@ def test_capacity_grid_names_a_bad_variant_before_any_probe(tmp_path, monkeypatc
                        str(grid), "--backend", "serial")  # fmt: skip
     line = one_error(code, err, "rose-sim capacity")
     assert "variant 'bad'" in line and "lookahead" in line and "probe" not in err
+
+
+# ------------------------------------------- new user: a model directory for vLLM
+def test_save_model_writes_a_directory_transformers_loads_as_the_same_model(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """Before: nothing said how to make a local MODEL directory for ``vllm serve MODEL``
+    when no weights can be downloaded."""
+    import torch
+
+    from roseinfer.cli.run import main as run_main_
+    from roseinfer.executor.models import build_model
+
+    out = tmp_path / "tiny"
+    code, _, err = run_cli(run_main_, "rose-run", monkeypatch, capsys, "save-model",
+                           "--model", "tiny-gpt2", "--seed", "3", "--output", str(out))  # fmt: skip
+    assert code == 0, err
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    saved, _, tokenizer = build_model(str(out), seed=0, dtype=torch.float32, device="cpu")
+    fresh, _, _ = build_model("tiny-gpt2", seed=3, dtype=torch.float32, device="cpu")
+    for (name, a), (_, b) in zip(saved.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert tokenizer is not None and tokenizer.encode("t5 t7") == [5, 7]
+
+
+@pytest.mark.parametrize(
+    ("setup", "argv", "named"),
+    [
+        ("file", ["--model", "tiny-gpt2"], "not an empty directory"),
+        ("none", ["--model", "no-such-model"], "not a built-in model"),
+        ("nested", ["--model", "tiny-gpt2"], "does not exist"),
+    ],
+)  # fmt: skip
+def test_save_model_refuses_bad_outputs_in_one_line(tmp_path, monkeypatch, capsys, setup, argv,
+                                                    named) -> None:  # fmt: skip
+    from roseinfer.cli.run import main as run_main_
+
+    out = {"file": tmp_path / "f", "none": tmp_path / "new", "nested": tmp_path / "a" / "b"}[setup]
+    if setup == "file":
+        out.write_text("x")
+    code, _, err = run_cli(run_main_, "rose-run", monkeypatch, capsys, "save-model", *argv,
+                           "--output", str(out))  # fmt: skip
+    assert named in one_error(code, err, "rose-run save-model")

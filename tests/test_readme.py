@@ -180,6 +180,8 @@ def tiny(argv: list[str], tmp: Path) -> list[str]:
             argv += SIM_TINY
     elif argv[:2] == ["rose-run", "profile"]:
         argv += PROFILE_TINY
+    elif argv[:2] == ["rose-run", "save-model"]:
+        pass  # tiny already (the README names tiny-gpt2); --output lands in tmp
     elif argv[0] == "rose-run":
         argv += RUN_TINY
     return argv
