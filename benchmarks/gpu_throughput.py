@@ -78,8 +78,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
-    p.add_argument("--backends", help="comma-separated (default: triton,sdpa on CUDA; sdpa on CPU)")
-    p.add_argument("--hardware", help="roofline spec (default: h100-sxm on CUDA, cpu on CPU)")
+    p.add_argument(
+        "--backends",
+        help="comma-separated; NAME:eager runs NAME with --enforce-eager (default: "
+        "triton,triton:eager,sdpa on CUDA; sdpa on CPU)",
+    )
+    p.add_argument(
+        "--hardware",
+        help="roofline spec of the floor (default: the GPU's own, h100-sxm or h200; cpu on CPU)",
+    )
+    p.add_argument(
+        "--floor-peaks",
+        choices=("measured", "datasheet"),
+        help="the floor's bandwidth and matrix rate: measured in this run (a device-to-device "
+        "copy, a bf16 8192^3 matmul; default on CUDA) or --hardware's datasheet (default on CPU)",
+    )
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--subset", type=int, default=128, help="requests of (a-sub)")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -87,12 +100,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--no-hf", action="store_true", help="skip transformers' continuous batching")
+    p.add_argument(
+        "--kernel-table",
+        action="store_true",
+        help="print the torch profiler's kernel table of each step of (c) on the eager backends",
+    )
     p.add_argument("--small", action="store_true", help="tiny workloads and steps (smoke test)")
     args = p.parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
-    args.backends = (args.backends or ("triton,sdpa" if cuda else "sdpa")).split(",")
-    args.hardware = args.hardware or ("h100-sxm" if cuda else "cpu")
+    args.backends = (args.backends or ("triton,triton:eager,sdpa" if cuda else "sdpa")).split(",")
+    args.hardware = args.hardware or (gpu_kind(torch.device(args.device)) if cuda else "cpu")
+    args.floor_peaks = args.floor_peaks or ("measured" if cuda else "datasheet")
     if args.small:
         args.num_requests, args.subset = min(args.num_requests, 6), min(args.subset, 3)
         args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len = 4, 128, 64
@@ -128,11 +147,48 @@ def azure_workload(num: int, max_model_len: int, vocab: int) -> list[Request]:
     return with_token_ids(reqs, vocab_size=vocab, seed=0)
 
 
-def floor_model(model_name: str, hf_config, dtype, hardware: str) -> RooflineCostModel:
-    """The roofline at the datasheet peaks (no efficiency factor, no overhead)."""
-    peaks = dataclasses.replace(
-        get_device_spec(hardware), mfu=1.0, bandwidth_efficiency=1.0, overhead_s=0.0
-    )
+def gpu_kind(device: torch.device) -> str:
+    """The built-in spec of this GPU: ``h200`` for an H200, else ``h100-sxm``."""
+    return "h200" if "H200" in torch.cuda.get_device_name(device) else "h100-sxm"
+
+
+def measured_peaks(device: torch.device) -> tuple[float, float]:
+    """This device's copy bandwidth (bytes/s, bytes read plus written by a 2 GiB
+    device-to-device copy) and bf16 matrix rate (FLOP/s, 8192^3), best of 10
+    after 3 warm-ups: the ceilings the issue's floors use."""
+    src = torch.empty(2**30, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    a = torch.randn((8192, 8192), dtype=torch.bfloat16, device=device)
+    b = torch.randn_like(a)
+
+    def best(fn) -> float:
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return min(times)
+
+    bandwidth = 2 * src.numel() * 2 / best(lambda: dst.copy_(src))
+    flops = 2 * 8192**3 / best(lambda: a @ b)
+    return bandwidth, flops
+
+
+def floor_model(model_name: str, hf_config, dtype, args) -> RooflineCostModel:
+    """The roofline at the device's peaks (measured in this run, or the datasheet's;
+    no efficiency factor, no overhead)."""
+    spec = get_device_spec(args.hardware)
+    if args.floor_peaks == "measured":
+        bandwidth, flops = measured_peaks(torch.device(args.device))
+        spec = dataclasses.replace(
+            spec, name=f"{spec.name} (measured here)", mem_bandwidth=bandwidth, peak_flops=flops
+        )
+    peaks = dataclasses.replace(spec, mfu=1.0, bandwidth_efficiency=1.0, overhead_s=0.0)
     return RooflineCostModel(model_spec_of(model_name, hf_config, dtype), peaks)
 
 
@@ -160,7 +216,9 @@ def make_runner(
     )  # fmt: skip
     size = builder.size_kv_pool(pool, loaded, blocks)
     config = scheduler_config(args, size.num_blocks, max_model_len)
-    built = builder.build_runner(loaded, config, size, builder.RunnerChoice(backend))
+    name, _, mode = backend.partition(":")
+    choice = builder.RunnerChoice(name, enforce_eager=mode == "eager")
+    built = builder.build_runner(loaded, config, size, choice)
     runner = built.runner
     builder.warm_up(runner, built.config)
     plan = built.pool.plan
@@ -169,9 +227,16 @@ def make_runner(
     )
     setup_s = time.perf_counter() - start
     return runner, (
-        f"roseinfer-{runner.attention_backend}: {note}; CUDA graphs "
-        f"{runner.cuda_graph_capture_s:.1f} s; set-up {setup_s:.1f} s"
+        f"{system_name(runner)}: {note}; CUDA graphs "
+        f"{runner.cuda_graph_capture_s:.1f} s; attention tuned in {runner.attention_tune_s:.1f} s"
+        f" {getattr(runner.backend, 'launch', {})}; set-up {setup_s:.1f} s"
     )
+
+
+def system_name(runner: ModelRunner) -> str:
+    """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph."""
+    eager = "-eager" if runner.enforce_eager and runner.device.type == "cuda" else ""
+    return f"roseinfer-{runner.attention_backend}{eager}"
 
 
 def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: int):
@@ -238,10 +303,32 @@ def step_rows(runner: ModelRunner, args, floor: RooflineCostModel) -> list[list[
         inputs = scratch_inputs(seqs, BLOCK_SIZE, runner.num_kv_blocks, runner.vocab_size)
         wall_s, host_s = timed_forward(runner, inputs)
         floor_s = floor.step_time_s(step_shape(seqs))
-        rows.append([name, f"roseinfer-{runner.attention_backend}", f"{wall_s * 1e3:.2f}",
+        rows.append([name, system_name(runner), f"{wall_s * 1e3:.2f}",
                      f"{floor_s * 1e3:.2f}", f"{wall_s / floor_s:.2f}",
                      f"{host_s * 1e3:.2f} ({host_s / wall_s:.0%})"])  # fmt: skip
     return rows
+
+
+def kernel_tables(runner: ModelRunner, args) -> None:
+    """The profiler's top kernels by device time for each step of (c), to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if runner.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    for name, seqs in step_shapes(args):
+        if len(seqs) > args.max_num_seqs:
+            continue
+        inputs = scratch_inputs(seqs, BLOCK_SIZE, runner.num_kv_blocks, runner.vocab_size)
+        runner.forward(inputs)
+        synchronize(runner.device)
+        with profile(activities=activities) as prof:
+            runner.forward(inputs)
+            synchronize(runner.device)
+        sort = "self_device_time_total" if runner.device.type == "cuda" else "self_cpu_time_total"
+        print(f"== kernels of {name} ({system_name(runner)})", file=sys.stderr)
+        print(prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60),
+              file=sys.stderr, flush=True)  # fmt: skip
 
 
 def step_shape(seqs: list[tuple[int, int]]) -> BatchShape:
@@ -263,20 +350,26 @@ def free_memory() -> None:
 def bench_backend(loaded, backend, args, loads, floor, max_model_len):
     """Every workload on one backend: throughput rows, step rows, notes."""
     runner, note = make_runner(loaded, backend, args, max_model_len)
+    print(f"  {note}", file=sys.stderr, flush=True)
     notes, rows = [note], []
     for name, reqs in loads.items():
         if name != "a-sub" and backend != args.backends[0]:
             continue  # the slower backends run the subset and the steps only
         result, records, timings = run_engine(runner, args, reqs, max_model_len)
         floor_s = sum(floor.step_time_s(r.shape) for r in records)
-        rows.append(throughput_row(name, f"roseinfer-{backend}", reqs, result.duration_s, floor_s))
+        system = system_name(runner)
+        rows.append(throughput_row(name, system, reqs, result.duration_s, floor_s))
         if backend == args.backends[0]:
             rows.append(throughput_row(name, f"floor of its steps ({args.hardware})", reqs,
                                        floor_s, floor_s))  # fmt: skip
         if name == "a":
-            notes.append(f"roseinfer-{backend} on (a): {planning_share(timings)}")
-        print(f"  {name} roseinfer-{backend}: {result.duration_s:.1f} s", file=sys.stderr)
+            notes.append(f"{system} on (a): {planning_share(timings)}")
+        print(f"  {name} {system}: {result.duration_s:.1f} s", file=sys.stderr, flush=True)
     steps = step_rows(runner, args, floor)
+    if args.kernel_table and runner.graphs is None:
+        kernel_tables(runner, args)
+    for row in steps:  # as they come: a run cut short still shows them
+        print("  " + " | ".join(map(str, row)), file=sys.stderr, flush=True)
     del runner
     free_memory()
     return rows, steps, notes
@@ -307,18 +400,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     anchor = anchor_workload(args.num_requests, prompt, output, vocab)
     loads = {"a": anchor, "a-sub": anchor[: args.subset],
              "b": azure_workload(args.num_requests, max_model_len, vocab)}  # fmt: skip
-    floor = floor_model(args.model, hf_config, args.dtype, args.hardware)
+    floor = floor_model(args.model, hf_config, args.dtype, args)
     rows, steps, notes = [], [], []
     for backend in args.backends:
-        r, s, n = bench_backend(loaded, backend, args, loads, floor, max_model_len)
+        try:
+            r, s, n = bench_backend(loaded, backend, args, loads, floor, max_model_len)
+        except Exception as e:  # noqa: BLE001 - one system's failure must not lose the table
+            notes.append(f"{backend}: failed: {type(e).__name__}: {e}")
+            print(f"  {backend} failed: {e!r}", file=sys.stderr, flush=True)
+            free_memory()
+            continue
         rows, steps, notes = rows + r, steps + s, notes + n
-    if not args.no_hf:
-        result, note = bench_hf(model, loads["a-sub"], device)
-        rows.append(throughput_row("a-sub", "hf-cb", loads["a-sub"], result.wall_s, None))
-        first = next(r for r in rows if r[:2] == ["a-sub", f"roseinfer-{args.backends[0]}"])
-        speedup = float(first[3]) / float(rows[-1][3])
-        notes += [note, f"roseinfer-{args.backends[0]} / hf-cb on a-sub: {speedup:.1f}x out tok/s"]
     print_report(args, rows, steps, notes, floor)
+    if not args.no_hf and rows:  # last: its table above survives a failure or a time-out here
+        try:
+            result, note = bench_hf(model, loads["a-sub"], device)
+        except Exception as e:  # noqa: BLE001 - transformers' failure is a finding, not a crash
+            print(f"  hf-cb failed: {type(e).__name__}: {e}")
+            return
+        row = throughput_row("a-sub", "hf-cb", loads["a-sub"], result.wall_s, None)
+        first = next(r for r in rows if r[0] == "a-sub")
+        print(table(["workload", "system", "requests", "out tok/s", "total tok/s", "s",
+                     "floor/measured"], [first, row]))  # fmt: skip
+        print(f"  {note}")
+        print(f"  {first[1]} / hf-cb on a-sub: {float(first[3]) / float(row[3]):.1f}x out tok/s")
 
 
 def print_report(args, rows, steps, notes, floor: RooflineCostModel) -> None:

@@ -88,6 +88,22 @@ class AttentionBackend:
         """
         raise NotImplementedError
 
+    def tune(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_pass_tokens: int,
+    ) -> float:
+        """Time launch options on representative passes over this pool (a layer's
+        ``k_cache``/``v_cache``; contents are read, never written) and keep the
+        fastest per launch kind. Called once in the warm-up, before CUDA graphs
+        are captured. Returns the seconds spent (0 for backends with nothing to tune).
+        """
+        return 0.0
+
 
 class BackendUnavailable(RuntimeError):
     """A backend's kernel failed to build or run here (the runner may fall back)."""

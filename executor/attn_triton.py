@@ -6,14 +6,23 @@ chooses the launch shape from host integers only (no device read):
 
 * query blocks: each sequence's query tokens cut into runs of ``block_q``
   (:func:`query_blocks`); ``block_q`` gives 16 rows per program for a decode
-  batch (``block_q`` x query heads per KV head; ``tl.dot`` needs >= 16) and 64
-  otherwise, so a prefill's K/V tiles are reused across many queries;
-* key tiles of 32 tokens for decodes, 64 otherwise;
+  batch (``block_q`` x query heads per KV head; ``tl.dot`` needs >= 16), 64 for
+  short prefills and 128 once a pass holds a query run of
+  :data:`LONG_QUERY_TOKENS`, so a prefill's K/V tiles are reused across many
+  queries;
+* key tiles, warps and pipeline stages: per launch kind (decode rows and split
+  count, or prefill rows), the fastest of a few candidates timed by
+  :meth:`TritonBackend.tune` in the warm-up on passes of the run's own limits
+  (decodes at 1,024 tokens of context, prefills of up to 8,192 tokens), else
+  32-token tiles for decodes and 64 otherwise with 4 warps and 3 stages;
 * split-KV: a decode batch whose ``sequences x KV heads`` programs would not
-  reach one per SM is split into ``ceil(SMs / programs)`` key ranges (at most
-  :data:`MAX_SPLITS`). The split count depends on the batch size rounded up to
-  the CUDA-graph capture grid, so a graph replay and an eager step of the same
-  batch run the same kernels.
+  give every SM :data:`SPLIT_TARGET_WAVES` of them is split into ``ceil(waves x
+  SMs / programs)`` key ranges (at most :data:`MAX_SPLITS`): with fewer, each
+  program streams a long key range alone and the memory system idles (on one
+  H200, 32 sequences x 8 KV heads = 256 programs for 132 SMs read their
+  contexts at 53% of the copy bandwidth, 256 sequences at 86%). The split count
+  depends on the batch size rounded up to the CUDA-graph capture grid, so a
+  graph replay and an eager step of the same batch run the same kernels.
 
 Every launch parameter is a function of the pass's shape, so a padded decode
 batch has one fixed launch: the backend supports CUDA graphs.
@@ -21,6 +30,8 @@ batch has one fixed launch: the backend supports CUDA graphs.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +42,17 @@ from .attn_base import AttentionBackend, pow2_at_least
 from .graph_runner import DEFAULT_CAPTURE_LIMIT, capture_sizes, padded_size
 from .input_batch import StepBatch
 
-DECODE_ROWS, PREFILL_ROWS = 16, 64  # query rows per program
-DECODE_TILE, PREFILL_TILE = 32, 64  # keys per tile
+DECODE_ROWS, PREFILL_ROWS, LONG_PREFILL_ROWS = 16, 64, 128  # query rows per program
+LONG_QUERY_TOKENS = 512
+DECODE_TILE, PREFILL_TILE = 32, 64  # keys per tile before (or without) tuning
+# Launch candidates (keys per tile, warps, stages) the warm-up times per kind:
+# decodes stream keys for 16 query rows (memory-bound), prefills multiply
+# 64-128 query rows by each key tile (matrix-bound, more warps).
+DECODE_CANDIDATES = ((32, 4, 3), (64, 4, 3), (128, 4, 3), (64, 2, 3))
+PREFILL_CANDIDATES = ((64, 4, 3), (64, 8, 3), (128, 8, 3), (32, 8, 3))
+TUNE_CONTEXT, TUNE_PREFILL_LEN, TUNE_SHORT_PREFILL_LEN = 1024, 2048, 256
 MAX_SPLITS = 16
+SPLIT_TARGET_WAVES = 4
 INTERPRETER_NUM_SMS = 4  # what the CPU interpreter pretends to have (exercises split-KV)
 _SPLIT_GRID = capture_sizes(DEFAULT_CAPTURE_LIMIT)
 
@@ -44,7 +63,7 @@ class TritonMetadata:
 
     Attributes:
         q_block_seq, q_block_start: ``[num_q_blocks]`` int64 (see :func:`query_blocks`).
-        block_q, tile_n, num_splits: see the module doc.
+        block_q, tile_n, num_splits, num_warps, num_stages: see the module doc.
     """
 
     q_block_seq: torch.Tensor
@@ -52,6 +71,8 @@ class TritonMetadata:
     block_q: int
     tile_n: int
     num_splits: int
+    num_warps: int = 4
+    num_stages: int = 3
 
 
 class TritonBackend(AttentionBackend):
@@ -79,40 +100,101 @@ class TritonBackend(AttentionBackend):
                 "run them on CPU, before they are first imported"
             )
         self.kernels = triton_kernels
-        self.num_kv_heads = num_kv_heads
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        # (block_q, num_splits) -> (tile_n, num_warps, num_stages), filled by tune()
+        self.launch: dict[tuple[int, int], tuple[int, int, int]] = {}
         self.groups_p = pow2_at_least(num_heads // num_kv_heads)
+        self.cuda = device.type == "cuda"
         self.num_sms = (
             torch.cuda.get_device_properties(device).multi_processor_count
-            if device.type == "cuda"
+            if self.cuda
             else INTERPRETER_NUM_SMS
         )
 
     def block_q(self, max_query_len: int) -> int:
-        """Queries per program: rows (16 decode, 64 otherwise) / query heads per KV head."""
-        rows = DECODE_ROWS if max_query_len == 1 else PREFILL_ROWS
+        """Queries per program: rows (16 decode, 64 prefill, 128 long prefill) / query
+        heads per KV head."""
+        if max_query_len == 1:
+            rows = DECODE_ROWS
+        else:
+            rows = LONG_PREFILL_ROWS if max_query_len >= LONG_QUERY_TOKENS else PREFILL_ROWS
         return max(1, rows // self.groups_p)
 
     def num_splits(self, num_seqs: int, max_query_len: int) -> int:
         """Key-range splits: > 1 only for a decode batch too small to give every SM
-        a program (sequences rounded up to the capture grid; see the module doc)."""
+        :data:`SPLIT_TARGET_WAVES` programs (sequences rounded up to the capture
+        grid; see the module doc)."""
         if max_query_len != 1:
             return 1
         programs = (padded_size(num_seqs, _SPLIT_GRID) or num_seqs) * self.num_kv_heads
-        return max(1, min(MAX_SPLITS, -(-self.num_sms // programs)))
+        return max(1, min(MAX_SPLITS, -(-SPLIT_TARGET_WAVES * self.num_sms // programs)))
 
     def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
         seq, start = query_blocks(query_lens, self.block_q(max_query_len))
         return {"q_block_seq": seq, "q_block_start": start}
 
     def build_metadata(self, batch: StepBatch) -> TritonMetadata:
-        decode = batch.max_query_len == 1
+        block_q = self.block_q(batch.max_query_len)
+        splits = self.num_splits(batch.num_seqs, batch.max_query_len)
+        default = (DECODE_TILE if batch.max_query_len == 1 else PREFILL_TILE, 4, 3)
+        tile_n, warps, stages = self.launch.get((block_q, splits), default)
         return TritonMetadata(
             q_block_seq=batch.extra["q_block_seq"],
             q_block_start=batch.extra["q_block_start"],
-            block_q=self.block_q(batch.max_query_len),
-            tile_n=DECODE_TILE if decode else PREFILL_TILE,
-            num_splits=self.num_splits(batch.num_seqs, batch.max_query_len),
-        )
+            block_q=block_q, tile_n=tile_n, num_splits=splits, num_warps=warps,
+            num_stages=stages,
+        )  # fmt: skip
+
+    def tune(self, k_cache, v_cache, *, max_num_seqs, max_model_len, max_pass_tokens) -> float:
+        if not self.cuda:
+            return 0.0  # the interpreter has no speed to tune
+        start = time.perf_counter()
+        for num_seqs, query_len, context in tune_shapes(
+            max_num_seqs, max_model_len, max_pass_tokens
+        ):
+            key = (self.block_q(query_len), self.num_splits(num_seqs, query_len))
+            if key not in self.launch:
+                self.launch[key] = self._fastest(k_cache, v_cache, num_seqs, query_len, context)
+        return time.perf_counter() - start
+
+    def _fastest(self, k_cache, v_cache, num_seqs: int, query_len: int, context: int):
+        """The fastest candidate on ``num_seqs`` sequences of ``query_len`` new
+        tokens over ``context`` tokens each, on consecutive pool blocks (wrapping)."""
+        import triton.testing
+
+        device, block_size = k_cache.device, k_cache.shape[1]
+        per_seq = -(-context // block_size)
+        blocks = torch.arange(num_seqs * per_seq, device=device) % k_cache.shape[0]
+        lens = np.full(num_seqs, query_len, np.int64)
+        block_q = self.block_q(query_len)
+        seq, first = query_blocks(lens, block_q)
+        q = torch.randn((num_seqs * query_len, self.num_heads, k_cache.shape[3]),
+                        device=device, dtype=k_cache.dtype)  # fmt: skip
+        out = torch.empty_like(q)
+        fixed = dict(
+            block_tables=blocks.view(num_seqs, per_seq),
+            seq_lens=torch.full((num_seqs,), context, device=device),
+            query_start_loc=torch.arange(0, (num_seqs + 1) * query_len, query_len, device=device),
+            q_block_seq=torch.from_numpy(seq).to(device),
+            q_block_start=torch.from_numpy(first).to(device), num_q_blocks=len(seq),
+            block_q=block_q, num_splits=self.num_splits(num_seqs, query_len),
+            scale=1 / math.sqrt(k_cache.shape[3]),
+        )  # fmt: skip
+        timed = []
+        for tile_n, warps, stages in DECODE_CANDIDATES if query_len == 1 else PREFILL_CANDIDATES:
+
+            def launch(tile_n=tile_n, warps=warps, stages=stages):
+                self.kernels.paged_attention(out, q, k_cache, v_cache, tile_n=tile_n,
+                                             num_warps=warps, num_stages=stages, **fixed)  # fmt: skip
+
+            try:
+                timed.append(
+                    (triton.testing.do_bench(launch, warmup=2, rep=10), (tile_n, warps, stages))
+                )
+            except Exception:  # noqa: BLE001 - a candidate that does not compile here is skipped
+                continue
+        default = (DECODE_TILE if query_len == 1 else PREFILL_TILE, 4, 3)
+        return min(timed)[1] if timed else default
 
     def write_kv(self, k, v, k_cache, v_cache, batch: StepBatch) -> None:
         self.kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
@@ -134,6 +216,8 @@ class TritonBackend(AttentionBackend):
             tile_n=meta.tile_n,
             num_splits=meta.num_splits,
             scale=scale,
+            num_warps=meta.num_warps,
+            num_stages=meta.num_stages,
         )
         return out
 
@@ -150,3 +234,23 @@ def query_blocks(query_lens: np.ndarray, block_q: int) -> tuple[np.ndarray, np.n
     first_block = np.repeat(np.cumsum(counts) - counts, counts)
     start = (np.arange(len(seq), dtype=np.int64) - first_block) * block_q
     return seq, start
+
+
+def tune_shapes(
+    max_num_seqs: int, max_model_len: int, max_pass_tokens: int
+) -> list[tuple[int, int, int]]:
+    """Passes :meth:`TritonBackend.tune` times, as ``(num_seqs, query_len,
+    context)``: a decode at every capture size (each split count's largest is
+    the one kept), at :data:`TUNE_CONTEXT` tokens of context (or
+    ``max_model_len``); prompts of :data:`TUNE_PREFILL_LEN` and
+    :data:`TUNE_SHORT_PREFILL_LEN` tokens filling one pass of
+    ``max_pass_tokens`` (at most 8,192; 0 = no limit)."""
+    context = max(1, min(TUNE_CONTEXT, max_model_len))
+    sizes = capture_sizes(max_num_seqs)
+    shapes = [(n, 1, context) for n in reversed(sizes)]  # largest of each split class first
+    pass_tokens = min(max_pass_tokens or 8192, 8192)
+    for length in (TUNE_PREFILL_LEN, TUNE_SHORT_PREFILL_LEN):
+        length = min(length, max_model_len, pass_tokens)
+        if length > 1:
+            shapes.append((max(1, pass_tokens // length), length, length))
+    return shapes

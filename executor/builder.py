@@ -562,12 +562,14 @@ def _plan(
 
 
 def warm_up(runner: ModelRunner, config: SchedulerConfig, *, shapes: bool = True) -> float:
-    """Before the clock starts: capture the decode CUDA graphs unless captured
+    """Before the clock starts: tune the attention launches (CUDA), capture the
+    decode CUDA graphs unless captured
     (none with ``enforce_eager`` or a backend without graphs;
     ``runner.cuda_graph_capture_s`` says how long), then, with ``shapes``, run the
     largest step shapes (:mod:`~roseinfer.executor.warmup`). Returns the seconds
     spent."""
     start = time.perf_counter()
+    runner.tune_attention(config.max_num_seqs, config.max_model_len)
     if runner.graphs is None:
         runner.capture_cuda_graphs(config.max_num_seqs, config.max_model_len)
     if shapes:

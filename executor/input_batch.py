@@ -13,6 +13,13 @@ host buffers alternate, and a buffer is rewritten only once the copy that last
 read it is done (an event, normally long finished by then). On CPU the host
 buffer *is* the device buffer.
 
+Every field starts at a multiple of :data:`FIELD_ALIGN` elements (128 bytes).
+Triton compiles a kernel once per pattern of 16-byte-aligned pointer arguments;
+fields packed end to end start wherever the previous one ended, so each new
+mix of field sizes could compile the attention kernels afresh in the middle of
+a timed run (on one H200, single-prompt prefill steps of a Llama-3.1-8B fifo
+run took 0.6-0.8 s instead of about 15 ms while the disk cache was cold).
+
 A decode batch for a CUDA graph is padded up to its captured size with rows
 that compute nothing: token 0 at position 0, slot -1 (the store skips it),
 sequence length 0 (attention sees no key).
@@ -33,6 +40,12 @@ if TYPE_CHECKING:
 
 PAD_SLOT = -1
 HostFields = Callable[[np.ndarray, int], dict[str, np.ndarray]]
+FIELD_ALIGN = 16  # int64 elements: every field starts 128-byte aligned (see the module doc)
+
+
+def _aligned(num_elements: int) -> int:
+    """``num_elements`` rounded up to a multiple of :data:`FIELD_ALIGN`."""
+    return -(-num_elements // FIELD_ALIGN) * FIELD_ALIGN
 
 
 @dataclass(slots=True)
@@ -226,15 +239,16 @@ class InputBatch:
         )
 
     def _copy(self, arrays: list[tuple[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-        """Pack ``arrays`` into the next host buffer, copy it once, return device views."""
-        total = sum(a.size for _, a in arrays)
+        """Pack ``arrays`` into the next host buffer, each at a multiple of
+        :data:`FIELD_ALIGN`, copy it once, return device views."""
+        total = sum(_aligned(a.size) for _, a in arrays)
         buf = self._next_buffer(total)
         packed = buf.host.numpy()
         offsets, start = {}, 0
         for name, a in arrays:
             packed[start : start + a.size] = a
             offsets[name] = (start, a.size)
-            start += a.size
+            start += _aligned(a.size)
         if self._cuda:
             buf.device[:total].copy_(buf.host[:total], non_blocking=True)
             buf.copied = torch.cuda.Event()

@@ -164,6 +164,7 @@ class ModelRunner:
         self.input_batch = InputBatch(self.device, block_size)
         self.graphs: GraphRunner | None = None
         self.cuda_graph_capture_s = 0.0
+        self.attention_tune_s = 0.0
         self.host_times_s: list[float] | None = None
         self.backend = self._choose_backend(attention_backend)
 
@@ -273,6 +274,21 @@ class ModelRunner:
             self.cuda_graph_capture_s,
         )
         return self.cuda_graph_capture_s
+
+    def tune_attention(self, max_num_seqs: int, max_model_len: int) -> float:
+        """Let the attention backend time its launch options on this pool
+        (:meth:`~roseinfer.executor.attn_base.AttentionBackend.tune`); before
+        capturing CUDA graphs, so they replay the chosen launches. Returns the
+        seconds spent (also :attr:`attention_tune_s`; 0 off CUDA)."""
+        if self.device.type != "cuda":
+            return 0.0
+        with torch.inference_mode():
+            spent = self.backend.tune(
+                self.k_cache(0), self.v_cache(0), max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len, max_pass_tokens=self.max_tokens_per_pass,
+            )  # fmt: skip
+        self.attention_tune_s += spent
+        return spent
 
     @property
     def graph_batch_sizes(self) -> tuple[int, ...] | None:

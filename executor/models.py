@@ -306,16 +306,47 @@ class ModelAdapter:
         raise NotImplementedError
 
 
-def make_adapter(model: nn.Module) -> ModelAdapter:
+def make_adapter(model: nn.Module, fused: bool | None = None) -> ModelAdapter:
     """Wrap a GPT-2 or Llama-family ``*ForCausalLM``.
 
+    Args:
+        model: the model, on its device in its dtype.
+        fused: for a Llama-family model with a SwiGLU MLP, use
+            :class:`~roseinfer.executor.llama_fused.FusedLlamaAdapter` (fused
+            qkv and gate/up weights, Triton kernels for RMSNorm, RoPE and SwiGLU);
+            None = when the model is on CUDA and Triton is installed and not in
+            interpreter mode. GPT-2 is never fused.
+
     Raises:
-        ValueError: on another model type.
+        ValueError: on another model type, or ``fused=True`` for a model that
+            cannot be fused.
     """
     check_supported(model.config)
     if model.config.model_type == "gpt2":
         return Gpt2Adapter(model)
+    if fused is None:
+        fused = _fusable(model)
+    if fused:
+        from .llama_fused import FusedLlamaAdapter  # imports triton
+
+        return FusedLlamaAdapter(model)
     return LlamaAdapter(model)
+
+
+def _fusable(model: nn.Module) -> bool:
+    """Whether the fused adapter is the default: CUDA, a SwiGLU MLP, Triton
+    installed and compiling (not ``TRITON_INTERPRET``)."""
+    import importlib.util
+    import os
+
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cuda":
+        return False
+    if importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return getattr(model.config, "hidden_act", None) == "silu" and all(
+        hasattr(layer.mlp, "gate_proj") for layer in model.model.layers
+    )
 
 
 class Gpt2Adapter(ModelAdapter):

@@ -125,7 +125,10 @@ def store_kv(
     )  # fmt: skip
 
 
-@triton.jit
+# The block-table width changes with every pass's longest sequence: compiled
+# once for all widths (Triton would otherwise specialise on width 1 and on
+# multiples of 16, compiling new variants in the middle of a run).
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
@@ -290,6 +293,8 @@ def paged_attention(
     tile_n: int,
     num_splits: int,
     scale: float,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> None:
     """Attention of every query token of a pass over its sequence's paged K/V.
 
@@ -312,6 +317,8 @@ def paged_attention(
         num_splits: key-range splits per query block (1 = no split; > 1 needs
             every query block to hold one query token, i.e. a decode batch).
         scale: softmax scale of q.k.
+        num_warps, num_stages: the launch's warps per program and software
+            pipeline depth (Triton's launch options; ignored by the interpreter).
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_groups = num_heads // k_cache.shape[2]
@@ -333,16 +340,20 @@ def paged_attention(
         )
         part_sum = torch.empty_like(part_max)
         part_strides = (*part_out.stride()[:3], *part_max.stride()[:2])
-    _paged_attention_kernel[grid](
+    args = (
         out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, q_block_seq,
         q_block_start, part_out, part_max, part_sum, scale * LOG2_E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         *part_strides,
-        BLOCK_SIZE=k_cache.shape[1], NUM_GROUPS=num_groups, GROUPS_P=groups_p, BLOCK_Q=block_q,
-        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, TILE_N=tile_n, NUM_SPLITS=num_splits,
-        DOT_PRECISION=precision,
     )  # fmt: skip
+    meta = dict(
+        BLOCK_SIZE=k_cache.shape[1], NUM_GROUPS=num_groups, GROUPS_P=groups_p, BLOCK_Q=block_q,
+        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, NUM_SPLITS=num_splits, DOT_PRECISION=precision,
+    )  # fmt: skip
+    _paged_attention_kernel[grid](
+        *args, **meta, TILE_N=tile_n, num_warps=num_warps, num_stages=num_stages
+    )
     if num_splits > 1:
         _split_kv_reduce_kernel[(q.shape[0], num_heads)](
             out, part_out, part_max, part_sum, out.stride(0), out.stride(1), *part_strides,

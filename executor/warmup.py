@@ -104,6 +104,7 @@ def warm_up(
         when graphs were captured, ``cuda-graphs`` (its sizes, the capture seconds).
     """
     steps = []
+    runner.tune_attention(config.max_num_seqs, config.max_model_len)  # before any capture
     if runner.cuda_graphs_possible and runner.graphs is None:
         capture_s = runner.capture_cuda_graphs(config.max_num_seqs, config.max_model_len)
         num_sizes = len(runner.graphs.sizes) if runner.graphs is not None else 0

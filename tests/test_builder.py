@@ -160,11 +160,12 @@ def test_warm_up_captures_graphs_even_without_the_shapes(monkeypatch):
     """Graph capture is part of every warm-up; --no-warmup skips only the shapes."""
     shapes = []
     monkeypatch.setattr(builder, "warm_up_shapes", lambda runner, config: shapes.append(config))
-    captured = []
-    runner = SimpleNamespace(graphs=None, capture_cuda_graphs=lambda *a: captured.append(a))
+    captured, tuned = [], []
+    runner = SimpleNamespace(graphs=None, capture_cuda_graphs=lambda *a: captured.append(a),
+                             tune_attention=lambda *a: tuned.append(a))  # fmt: skip
     config = SchedulerConfig(num_kv_blocks=64, max_num_seqs=8, max_model_len=128)
     builder.warm_up(runner, config, shapes=False)  # type: ignore[arg-type]
-    assert captured == [(8, 128)] and shapes == []
+    assert captured == [(8, 128)] and shapes == [] and tuned == [(8, 128)]
     builder.warm_up(runner, config)  # type: ignore[arg-type]
     assert len(captured) == 2 and shapes == [config]
     runner.graphs = object()  # captured already (a replay's second run): not again

@@ -135,3 +135,19 @@ def test_memory_planner_on_the_device():
     prompts = prompts_of(5, 9)
     tables = [list(range(i * 4, i * 4 + 4)) for i in range(2)]
     assert greedy(runner, prompts, tables, 4) == [hf_greedy(model, p, 4) for p in prompts]
+
+
+def test_tuned_launches_keep_greedy_tokens():
+    """The warm-up's launch tuning picks a launch per kind, and graphs captured
+    after it still decode transformers' greedy tokens."""
+    model = tiny("tiny-llama").to(CUDA)
+    runner = runner_for(model, num_kv_blocks=256)
+    assert runner.tune_attention(max_num_seqs=8, max_model_len=128) > 0
+    decode_q = runner.backend.block_q(1)
+    kinds = set(runner.backend.launch)
+    assert any(q == decode_q for q, _ in kinds) and any(q != decode_q for q, _ in kinds)
+    assert runner.tune_attention(max_num_seqs=8, max_model_len=128) < 0.5  # once per kind
+    runner.capture_cuda_graphs(max_num_seqs=8, max_model_len=128)
+    prompts = prompts_of(5, 17, 40)
+    tables = [list(range(i * 8, i * 8 + 8)) for i in range(3)]
+    assert greedy(runner, prompts, tables, 8) == [hf_greedy(model, p) for p in prompts]

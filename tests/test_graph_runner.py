@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -70,6 +71,21 @@ def test_input_batch_views_share_one_buffer_and_grow():
     assert batch.block_tables.tolist() == [[0, 1, 2]]
     base = batch.token_ids.untyped_storage().data_ptr()
     assert batch.slot_mapping.untyped_storage().data_ptr() == base  # one buffer
+
+
+def test_every_field_starts_128_byte_aligned():
+    """Fields of odd sizes still start at 128-byte boundaries: Triton compiles per
+    pattern of aligned pointers, so a misaligned field would recompile mid-run."""
+    batch_maker = InputBatch(torch.device("cpu"), block_size=4)
+    for lengths in ((3,), (5, 1, 7), (1, 1, 1)):
+        seqs = [SeqInput(list(range(n)), i, [0, 1, 2]) for i, n in enumerate(lengths)]
+        extra = lambda q, m: {"odd": np.arange(len(q) * 3 + 1)}  # noqa: E731
+        batch = batch_maker.build(seqs, extra, num_kv_blocks=4)
+        fields = [*batch.flat_fields().values(), batch.block_tables, *batch.extra.values()]
+        base = batch.token_ids.untyped_storage().data_ptr()  # CUDA's allocator: 512-aligned
+        assert all((t.data_ptr() - base) % 128 == 0 for t in fields)
+        assert batch.extra["odd"].tolist() == list(range(len(lengths) * 3 + 1))
+        assert batch.positions.tolist() == [i + p for i, n in enumerate(lengths) for p in range(n)]
 
 
 def runner_for(model, **kw):

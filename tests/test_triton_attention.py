@@ -177,11 +177,13 @@ def test_split_rule_follows_the_capture_grid():
     backend = TritonBackend(num_heads=8, num_kv_heads=2, device=DEVICE)
     backend.num_sms = 132
     assert backend.num_splits(1, 1) == 16  # 2 programs: capped at MAX_SPLITS
-    assert backend.num_splits(3, 1) == backend.num_splits(4, 1) == 16  # ceil(132 / 8), capped
-    assert backend.num_splits(13, 1) == backend.num_splits(16, 1) == 5  # ceil(132 / 32)
-    assert backend.num_splits(256, 1) == 1
+    assert backend.num_splits(3, 1) == backend.num_splits(4, 1) == 16  # ceil(4 x 132 / 8), capped
+    assert backend.num_splits(57, 1) == backend.num_splits(64, 1) == 5  # ceil(528 / 128)
+    assert backend.num_splits(256, 1) == 2  # ceil(528 / 512)
+    assert backend.num_splits(264, 1) == 1  # 528 programs: 4 per SM
     assert backend.num_splits(2, 7) == 1  # not a decode batch
     assert backend.block_q(1) == 16 // 4 and backend.block_q(9) == 64 // 4
+    assert backend.block_q(512) == 128 // 4  # long prefills: 128 rows
 
 
 # ------------------------------------------------------------- in the runner
