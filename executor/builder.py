@@ -44,10 +44,11 @@ from roseinfer.config import (
     kv_blocks_from_bytes,
 )
 from roseinfer.executor import memory
+from roseinfer.executor.adapters import ModelAdapter
 from roseinfer.executor.facts import model_spec_of
 from roseinfer.executor.kv_cache import block_bytes as kv_block_bytes
 from roseinfer.executor.model_runner import ModelRunner
-from roseinfer.executor.models import ModelAdapter, build_model, make_adapter
+from roseinfer.executor.models import build_model, make_adapter
 from roseinfer.executor.warmup import warm_up as warm_up_shapes
 from roseinfer.request import Request
 

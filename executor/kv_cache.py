@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .models import AttentionShape
+from .adapters import AttentionShape
 
 
 def block_bytes(shape: AttentionShape, block_size: int, dtype: torch.dtype) -> int:

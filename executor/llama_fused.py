@@ -1,7 +1,7 @@
 """The Llama-family adapter with fused weights and fused small kernels (CUDA).
 
 :class:`FusedLlamaAdapter` runs the same layer as
-:class:`~roseinfer.executor.models.LlamaAdapter` in fewer, larger kernels:
+:class:`~roseinfer.executor.adapters.LlamaAdapter` in fewer, larger kernels:
 
 * one qkv matrix product instead of three, and one gate/up product instead of
   two (the weights are concatenated once, layer by layer, and the model's own
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from . import layer_kernels as kernels
-from .models import LlamaAdapter
+from .adapters import LlamaAdapter
 
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -51,13 +51,14 @@ from torch import nn
 from roseinfer.request import SamplingParams
 
 from . import attention as attn
+from .adapters import ModelAdapter
 from .attention import ATTENTION_BACKENDS
 from .attn_base import AttentionBackend, BackendUnavailable
 from .graph_runner import GraphRunner
 from .input_batch import InputBatch, StepBatch
 from .kv_cache import KVCache, block_bytes
 from .kv_cache import copy_batches as _copy_batches  # noqa: F401 - re-exported for tests
-from .models import ModelAdapter, make_adapter
+from .models import make_adapter
 from .sampler import sample as sample_tokens
 
 __all__ = ["ATTENTION_BACKENDS", "ModelRunner", "SeqInput", "split_passes"]

@@ -19,9 +19,10 @@ pytest.importorskip("triton")
 from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor import layer_kernels as kernels  # noqa: E402
+from roseinfer.executor.adapters import LlamaAdapter, _rope  # noqa: E402
 from roseinfer.executor.llama_fused import FusedLlamaAdapter, fuse_linears  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
-from roseinfer.executor.models import LlamaAdapter, _rope, make_adapter  # noqa: E402
+from roseinfer.executor.models import make_adapter  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}

@@ -409,7 +409,7 @@ def test_split_passes_cuts_only_what_does_not_fit_a_pass():
 def test_gelu_new_in_place_has_the_bits_of_transformers():
     from transformers.activations import NewGELUActivation
 
-    from roseinfer.executor.models import gelu_new_
+    from roseinfer.executor.adapters import gelu_new_
 
     x = torch.randn(64, 300, generator=torch.Generator().manual_seed(0)) * 4
     assert torch.equal(gelu_new_(x.clone()), NewGELUActivation()(x))
