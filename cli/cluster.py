@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from roseinfer.calibration.specs import LINKS, LinkSpec, get_link_spec
 from roseinfer.cli.config import config_facts
@@ -31,6 +29,11 @@ from roseinfer.simulator.cluster import MAX_REPLICAS, ClusterResult, ReplicaSpec
 from roseinfer.simulator.disaggregation import DEFAULT_KV_TRANSFER_LINK
 from roseinfer.simulator.replicas import ReplicaDefaults, configured_replicas, copies
 from roseinfer.simulator.setup import KVPool, SimSetup
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 PER_REPLICA_KEYS = (
     "role", "utilization", "num_routed", "completed", "prefix_cache_hit_rate",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from roseinfer.metrics import (
     LogHistogram,
@@ -21,6 +19,11 @@ from roseinfer.metrics import (
     write_result,
 )
 from roseinfer.registry import current_warning_sink
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 
 def report(

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .fairness import NO_TENANT, VTC_WEIGHTS, fair_share_fairness
 from .schema import validate_records
 from .summary import _check_slos, _num_good
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 
 def _labels(df: pd.DataFrame, by: str) -> pd.Series:

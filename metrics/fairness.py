@@ -38,12 +38,17 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from numpy.typing import ArrayLike
 
 from .schema import validate_records
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 NO_TENANT = "(none)"  # label for requests whose tenant is None
 MAX_LABEL_CHARS = 48

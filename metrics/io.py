@@ -12,9 +12,13 @@ import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
+
 
 RECORD_SUFFIXES = (".csv", ".parquet")
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .histogram import LogHistogram
 from .schema import (
@@ -35,6 +34,11 @@ from .schema import (
     STEPS_OUTSIDE_FIT_SHARE,
     validate_records,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el", "queue")
 SLO_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")  # vLLM's --goodput names

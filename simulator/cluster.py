@@ -35,8 +35,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field, replace
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from roseinfer.block_manager import compute_block_hashes
 from roseinfer.calibration.cost_model import CostModel
@@ -61,6 +60,11 @@ from roseinfer.simulator.disaggregation import (
     stage_report,
 )
 from roseinfer.simulator.engine import CostModelBackend
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 MAX_REPLICAS = 4096
 """Most replicas in one simulated cluster (the replica flags, a replica config's total, a

@@ -26,12 +26,17 @@ one replica, and into one replica, go one at a time at the link's bandwidth.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from roseinfer.calibration.specs import LinkSpec
 from roseinfer.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 DEFAULT_KV_TRANSFER_LINK = "rdma-400g"
 """Between the GPUs of two replicas: one 400 Gb/s RDMA NIC per GPU, as DGX H100

@@ -30,14 +30,18 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from roseinfer.request import Request
 from roseinfer.workloads.catalog import CATALOGUE, fetch_trace, is_catalogued
 from roseinfer.workloads.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    from roseinfer.metrics.lazy import pandas as pd
 
 KNOWN_FORMATS = ("auto", "azure", "mooncake", "plain")
 DEFAULT_TRACE_NAME = "azure_conv_2023_first2000.csv"
