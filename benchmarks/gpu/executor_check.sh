@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU executor's checks in one device call (< 9 min on one H100/H200): the CUDA
+# The GPU executor's checks in one device call (5.5 min on one H200, at most 8 by its step time-outs): the CUDA
 # tests, the throughput benchmark (every backend, the step table, kernel tables of the
 # eager runs), and default-flag rose-run runs that must not run out of memory.
 #
@@ -22,13 +22,13 @@ $py benchmarks/gpu/device_line.py | tee "$out/device.txt"
 $py -c "import roseinfer._core as c; print(c.core_info())"
 if [[ $skip != *" tests "* ]]; then
   step "tests: CUDA, and the Triton kernels compiled"
-  timeout "${TEST_TIMEOUT:-150}" $py -m pytest -q -p no:cacheprovider tests/test_cuda.py \
+  timeout "${TEST_TIMEOUT:-100}" $py -m pytest -q -p no:cacheprovider tests/test_cuda.py \
     tests/test_layer_kernels.py tests/test_triton_attention.py 2>&1 | tail -40
 fi
 if [[ $skip != *" bench "* ]]; then
   step "gpu_throughput"
   # shellcheck disable=SC2086
-  (cd benchmarks && timeout "${BENCH_TIMEOUT:-330}" $py gpu_throughput.py \
+  (cd benchmarks && timeout "${BENCH_TIMEOUT:-270}" $py gpu_throughput.py \
     --num-requests "${NUM_REQUESTS:-1000}" --subset "${SUBSET:-128}" ${BENCH_FLAGS:-}) 2>&1 \
     | tee "$out/throughput.txt"
 fi
@@ -39,7 +39,7 @@ if [[ $skip != *" run "* ]]; then
     step "rose-run --policy $policy, default flags"
     extra=()
     [[ $policy == budget ]] && extra=(--prefill-max-tokens 8192)
-    timeout "${RUN_TIMEOUT:-150}" $py -m roseinfer.cli.run --device cuda --model llama-3.1-8b \
+    timeout "${RUN_TIMEOUT:-75}" $py -m roseinfer.cli.run --device cuda --model llama-3.1-8b \
       --policy "$policy" "${extra[@]}" --num-requests "${RUN_REQUESTS:-400}" --request-rate inf \
       --max-model-len 8192 --save-result "$out/run-$policy.json" \
       --save-steps "$out/steps-$policy.jsonl" 2>&1 | tail -25
