@@ -104,14 +104,15 @@ try:
 except TypeError:  # an older checkout: it always keeps token times
     result = simulate(requests, config, cost, registry=registry, jump=not args.no_jump)
 t2 = time.perf_counter()
-df = result.records
+columns = getattr(result, "columns", None)  # this checkout: no DataFrame, no pandas import
+status = list((result.records if columns is None else columns)["status"])
 try:
     from roseinfer._core import core_info
     core = core_info()
 except ImportError:  # a checkout from before the compiled core
     core = "pure-Python core (no compiled core in this checkout)"
 print(json.dumps({
-    "num_requests": len(df), "finished": int((df.status == "finished").sum()),
+    "num_requests": len(status), "finished": sum(s == "finished" for s in status),
     "hit_rate": result.scheduler.block_manager.num_hit_tokens
                 / max(1, result.scheduler.block_manager.num_queried_tokens),
     "num_steps": result.num_steps, "load_s": t1 - t0, "sim_s": t2 - t1,

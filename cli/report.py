@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from roseinfer.metrics import (
@@ -18,6 +20,8 @@ from roseinfer.metrics import (
     write_records,
     write_result,
 )
+from roseinfer.metrics.summary import Records
+from roseinfer.records import frame_of
 from roseinfer.registry import current_warning_sink
 
 if TYPE_CHECKING:
@@ -28,7 +32,7 @@ else:
 
 def report(
     args: argparse.Namespace,
-    records: pd.DataFrame,
+    records: Records,
     *,
     duration_s: float,
     title: str,
@@ -36,7 +40,9 @@ def report(
     itl: LogHistogram | None = None,
 ) -> dict[str, Any]:
     """Summarize, print the table (unless ``--no-summary``) and write the files asked for
-    (``itl``: the run's ITL histogram when its records carry no token times).
+    (``records``: a DataFrame, or a simulation's columns, read without pandas unless
+    the run has several tenants or priority classes or ``--save-records`` is given;
+    ``itl``: the run's ITL histogram when its records carry no token times).
 
     Returns:
         The flat result dict (what ``--save-result`` writes).
@@ -58,26 +64,35 @@ def report(
     if args.save_result is not None:
         write_result(result, args.save_result)
     if args.save_records is not None:
-        write_records(records, args.save_records)
+        write_records(_frame(records), args.save_records)
     return result
 
 
+def _frame(records: Records) -> pd.DataFrame:
+    return frame_of(records) if isinstance(records, Mapping) else records
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _group_results(
-    records: pd.DataFrame, goodput: dict[str, float] | None
+    records: Records, goodput: dict[str, float] | None
 ) -> tuple[dict[str, Any], list[str]]:
     """Per-tenant and per-priority-class figures when the run has several: flat
     keys for the result file, and the tables as text."""
     out: dict[str, Any] = {}
     tables: list[str] = []
-    if records["tenant"].nunique(dropna=False) > 1:
-        table = per_tenant(records)
-        out["jain_fair_share"] = fair_share_fairness(records)
+    if len({None if _missing(t) else t for t in records["tenant"]}) > 1:
+        frame = _frame(records)
+        table = per_tenant(frame)
+        out["jain_fair_share"] = fair_share_fairness(frame)
         for row in table.itertuples():
             out[f"tenant_{row.tenant}_p99_ttft_ms"] = row.p99_ttft_ms
         tables.append("per tenant:\n" + table.round(1).to_string(index=False))
-    has_deadlines = "deadline_s" in records and records["deadline_s"].notna().any()
-    if "priority" in records and (records["priority"].nunique() > 1 or has_deadlines):
-        table = per_class(records, goodput=goodput)
+    has_deadlines = "deadline_s" in records and not all(map(_missing, records["deadline_s"]))
+    if "priority" in records and (len(set(records["priority"])) > 1 or has_deadlines):
+        table = per_class(_frame(records), goodput=goodput)
         for row in table.to_dict("records"):
             for key in ("p99_ttft_ms", "slo_attainment", "request_goodput"):
                 if key in row:

@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace, registry: Registry, options: PolicyOptions) -
         f"rose-sim: {result.policy} | {workload_name} | {setup.model.name} on {setup.device_name}"
         f" | {cost_model_source(setup.cost_model)}"
     )
-    report(args, result.records, duration_s=result.duration_s, title=title, extra=extra,
+    report(args, result.columns, duration_s=result.duration_s, title=title, extra=extra,
            itl=result.itl)  # fmt: skip
     if not args.no_summary:
         core = "" if _core.COMPILED else f" ({_core.core_info()})"

@@ -4,9 +4,10 @@
 first attribute access imports pandas, so a module can name pandas at its top
 without every command that imports it paying for it: ``rose-sim --help`` and a
 refused flag no longer import pandas and pyarrow (``rose-sim --help`` 0.23 s
-against 0.47 s before, best of 5, QUIET, 2 cores). A simulation still imports
-pandas when it builds its records. Type checkers see the real module through an
-``if TYPE_CHECKING`` import beside it::
+against 0.47 s before, best of 5, QUIET, 2 cores), nor does a simulation, whose
+records stay columns (``SimResult.columns``) that ``summarize`` reads as they
+are. Type checkers see the real module through an ``if TYPE_CHECKING`` import
+beside it::
 
     if TYPE_CHECKING:
         import pandas as pd

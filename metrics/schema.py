@@ -7,7 +7,8 @@ the start of the run (simulated clock in ``rose-sim``, wall clock in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,21 +80,24 @@ MAX_EXTRAPOLATION_AXIS = "cost_model_max_extrapolation_axis"
 """The axis of that factor (prefill tokens, decode sequences, context tokens)."""
 
 
-def validate_records(df: pd.DataFrame) -> None:
-    """Check that ``df`` has every schema column and only known statuses.
+def validate_records(df: pd.DataFrame | Mapping[str, Any]) -> None:
+    """Check that ``df`` (a DataFrame, or columns by name as
+    ``roseinfer.records.RecordBuilder.drain_columns`` gives them) has every
+    schema column and only known statuses.
 
     Extra columns are allowed. Dtypes are not checked (cheap check only).
 
     Raises:
         ValueError: naming the missing columns, or the unknown status values.
     """
-    missing = [name for name in COLUMNS if name not in df.columns]
+    names = df.keys() if isinstance(df, Mapping) else df.columns
+    missing = [name for name in COLUMNS if name not in names]
     if missing:
         raise ValueError(
             f"records are missing column(s) {missing}; the schema is {list(COLUMNS)} "
             "(roseinfer.metrics.schema)"
         )
-    unknown = set(df["status"].unique()) - set(STATUSES)
+    unknown = set(df["status"]) - set(STATUSES)
     if unknown:
         raise ValueError(
             f"records have unknown status value(s) {sorted(map(str, unknown))}; "

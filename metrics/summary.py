@@ -22,8 +22,9 @@ default linear interpolation, std is the population std (``ddof=0``), as vLLM.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -49,39 +50,83 @@ Summary = dict[str, float | int]
 
 
 # ------------------------------------------------------------ per-request values
-def _finished(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["status"].to_numpy() == "finished"]
+Records: TypeAlias = "pd.DataFrame | Mapping[str, Any]"
+"""Records as a DataFrame, or as columns by name (numpy arrays and lists, as
+``roseinfer.records.RecordBuilder.drain_columns`` gives them: a simulation
+summarised without building a DataFrame, so without importing pandas)."""
 
 
-def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+def _num_rows(df: Records) -> int:
+    return len(df["status"])
+
+
+def _finished(df: Records) -> Records:
+    mask = np.asarray(df["status"]) == "finished"
+    if isinstance(df, Mapping):
+        return _Where(df, mask)
+    return df[mask]
+
+
+class _Where(Mapping[str, Any]):
+    """The rows of ``columns`` where ``mask`` holds, each column cut when read (a
+    summary reads 8 of some 20 columns; a million rows of every one would be 0.1 GB)."""
+
+    def __init__(self, columns: Mapping[str, Any], mask: np.ndarray) -> None:
+        self._columns, self._mask = columns, mask
+
+    def __getitem__(self, name: str) -> Any:
+        return _rows_of(self._columns[name], self._mask)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
+def _rows_of(values: Any, mask: np.ndarray) -> Any:
+    """The rows of one column where ``mask`` holds (a numpy array or a list)."""
+    if isinstance(values, np.ndarray):
+        return values[mask]
+    return [v for v, keep in zip(values, mask.tolist()) if keep]
+
+
+def _col(df: Records, name: str) -> np.ndarray:
+    if isinstance(df, Mapping):
+        return np.asarray(df[name], dtype=np.float64)
     return df[name].to_numpy(dtype=np.float64)
 
 
-def _ttft_s(done: pd.DataFrame) -> np.ndarray:
+def _total(df: Records, name: str) -> int:
+    """The sum of an integer column."""
+    return int(np.asarray(df[name], dtype=np.int64).sum())
+
+
+def _ttft_s(done: Records) -> np.ndarray:
     return _col(done, "first_token_s") - _col(done, "arrival_s")
 
 
-def _e2el_s(done: pd.DataFrame) -> np.ndarray:
+def _e2el_s(done: Records) -> np.ndarray:
     return _col(done, "finish_s") - _col(done, "arrival_s")
 
 
-def _queue_s(done: pd.DataFrame) -> np.ndarray:
+def _queue_s(done: Records) -> np.ndarray:
     return _col(done, "admitted_s") - _col(done, "arrival_s")
 
 
-def _tpot_or_zero_s(done: pd.DataFrame) -> np.ndarray:
+def _tpot_or_zero_s(done: Records) -> np.ndarray:
     """TPOT per request, 0 where it has at most one output token (vLLM's goodput rule)."""
     num_out = _col(done, "num_output_tokens")
     decode_s = _col(done, "finish_s") - _col(done, "first_token_s")
     return np.where(num_out > 1, decode_s / np.maximum(num_out - 1, 1), 0.0)
 
 
-def _tpot_s(done: pd.DataFrame) -> np.ndarray:
+def _tpot_s(done: Records) -> np.ndarray:
     """TPOT of the requests with more than one output token."""
     return _tpot_or_zero_s(done)[_col(done, "num_output_tokens") > 1]
 
 
-def _itl_s(done: pd.DataFrame) -> np.ndarray:
+def _itl_s(done: Records) -> np.ndarray:
     """All gaps between consecutive tokens of the same request (s), pooled.
 
     Vectorized: one concatenate and one diff over every token time, then the
@@ -105,7 +150,7 @@ def _itl_s(done: pd.DataFrame) -> np.ndarray:
     return gaps[keep]
 
 
-_VALUES_S: dict[str, Callable[[pd.DataFrame], np.ndarray]] = {
+_VALUES_S: dict[str, Callable[[Records], np.ndarray]] = {
     "ttft": _ttft_s,
     "tpot": _tpot_s,
     "itl": _itl_s,
@@ -114,11 +159,11 @@ _VALUES_S: dict[str, Callable[[pd.DataFrame], np.ndarray]] = {
 }
 
 
-def latency_values_ms(df: pd.DataFrame, metric: str) -> np.ndarray:
+def latency_values_ms(df: Records, metric: str) -> np.ndarray:
     """The values (ms) a latency metric is summarized over, finished requests only.
 
     Args:
-        df: records (``roseinfer.metrics.schema``).
+        df: records (``roseinfer.metrics.schema``), a DataFrame or columns.
         metric: one of ``LATENCY_METRICS``; ``"itl"`` gives one value per token
             gap, ``"tpot"`` one per request with more than one output token,
             the others one per finished request.
@@ -135,7 +180,7 @@ def latency_values_ms(df: pd.DataFrame, metric: str) -> np.ndarray:
 
 # -------------------------------------------------------------------- summary
 def summarize(
-    df: pd.DataFrame,
+    df: Records,
     *,
     duration_s: float | None = None,
     goodput: Mapping[str, float] | None = None,
@@ -145,7 +190,8 @@ def summarize(
     """Flat vLLM-bench summary of one run's records.
 
     Args:
-        df: records, one row per submitted request (``roseinfer.metrics.schema``).
+        df: records, one row per submitted request (``roseinfer.metrics.schema``):
+            a DataFrame, or columns by name (a simulation's, without pandas).
         duration_s: run length (s) the throughputs divide by; default: last
             finish minus first arrival.
         goodput: SLOs in ms, e.g. ``{"ttft": 200.0, "tpot": 50.0}`` (see
@@ -198,8 +244,8 @@ def _histogram_stats_ms(metric: str, hist: LogHistogram, percentiles: Sequence[f
     return out
 
 
-def _duration_s(df: pd.DataFrame, done: pd.DataFrame) -> float:
-    if done.empty:
+def _duration_s(df: Records, done: Records) -> float:
+    if not _num_rows(done):
         return math.nan
     return float(np.nanmax(_col(done, "finish_s")) - np.nanmin(_col(df, "arrival_s")))
 
@@ -208,21 +254,22 @@ def _per_s(count: float, duration_s: float) -> float:
     return count / duration_s if duration_s > 0 and math.isfinite(duration_s) else math.nan
 
 
-def _counts(df: pd.DataFrame, done: pd.DataFrame, duration_s: float) -> Summary:
-    num_in = int(done["num_prompt_tokens"].sum())
-    num_out = int(done["num_output_tokens"].sum())
-    num_cached = int(done["num_cached_prompt_tokens"].sum())
+def _counts(df: Records, done: Records, duration_s: float) -> Summary:
+    num_in = _total(done, "num_prompt_tokens")
+    num_out = _total(done, "num_output_tokens")
+    num_cached = _total(done, "num_cached_prompt_tokens")
+    completed = _num_rows(done)
     return {
         "duration": duration_s,
-        "completed": len(done),
-        "num_requests": len(df),
-        "rejected": int((df["status"].to_numpy() == "rejected").sum()),
+        "completed": completed,
+        "num_requests": _num_rows(df),
+        "rejected": int((np.asarray(df["status"]) == "rejected").sum()),
         "total_input_tokens": num_in,
         "total_output_tokens": num_out,
-        "request_throughput": _per_s(len(done), duration_s),
+        "request_throughput": _per_s(completed, duration_s),
         "output_throughput": _per_s(num_out, duration_s),
         "total_token_throughput": _per_s(num_in + num_out, duration_s),
-        "preemptions": int(df["num_preemptions"].sum()),
+        "preemptions": _total(df, "num_preemptions"),
         "prefix_cache_hit_rate": num_cached / num_in if num_in else math.nan,
     }
 
@@ -309,10 +356,10 @@ def _check_slos(slos: Mapping[str, float]) -> dict[str, float]:
     return {name: float(v) for name, v in slos.items()}
 
 
-def _num_good(done: pd.DataFrame, slos_ms: Mapping[str, float]) -> int:
+def _num_good(done: Records, slos_ms: Mapping[str, float]) -> int:
     """Finished requests that meet every SLO (vLLM: value <= SLO)."""
     values_s = {"ttft": _ttft_s, "tpot": _tpot_or_zero_s, "e2el": _e2el_s}
-    good = np.ones(len(done), dtype=bool)
+    good = np.ones(_num_rows(done), dtype=bool)
     for name, slo_ms in slos_ms.items():
         good &= values_s[name](done) * _MS_PER_S <= slo_ms
     return int(good.sum())
@@ -324,7 +371,7 @@ MAX_REJECTED_SHARE = 0.01
 only the requests that got through, not the workload."""
 
 
-def summary_warnings(result: Mapping[str, Any], records: pd.DataFrame | None = None) -> list[str]:
+def summary_warnings(result: Mapping[str, Any], records: Records | None = None) -> list[str]:
     """Warnings a reader of a run's figures must not miss, one line each.
 
     - more than :data:`MAX_REJECTED_SHARE` of the requests were rejected (the most
@@ -355,14 +402,15 @@ def summary_warnings(result: Mapping[str, Any], records: pd.DataFrame | None = N
     return out
 
 
-def _common_reason(records: pd.DataFrame | None) -> str:
+def _common_reason(records: Records | None) -> str:
     if records is None or "reject_reason" not in records:
         return ""
-    reasons = records.loc[records["status"] == "rejected", "reject_reason"]
-    if reasons.empty:
+    rejected = np.asarray(records["status"]) == "rejected"
+    reasons = Counter(_rows_of(list(records["reject_reason"]), rejected))
+    if not reasons:
         return ""
-    top = reasons.value_counts()
-    return f" (most: {str(top.index[0])[:120]}, {int(top.iloc[0]):,} requests)"
+    reason, count = reasons.most_common(1)[0]  # ties: the first seen, as value_counts
+    return f" (most: {str(reason)[:120]}, {count:,} requests)"
 
 
 # ---------------------------------------------------------------- text table

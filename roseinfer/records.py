@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from array import array
 from bisect import bisect_right
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING, Any
 
@@ -355,11 +356,18 @@ class RecordBuilder:
         """The rows so far (as :meth:`frame`), then forgets them: a server hands
         them to its records file and keeps nothing per ended request (:attr:`itl`
         keeps counting)."""
+        return frame_of(self.drain_columns())
+
+    def drain_columns(self) -> dict[str, Any]:
+        """As :meth:`drain`, without pandas: the columns in submission order by
+        name (numpy arrays for numbers, lists otherwise), which
+        ``roseinfer.metrics.summarize`` takes as they are and :func:`frame_of`
+        makes a DataFrame of."""
         with self._lock:
             self._flush_gaps()
             rows, order = self._rows, self._order
             self._rows, self._order = self._new_rows(), array("q")
-        return _frame(rows, order, consume=True)
+        return _ordered_columns(rows, order, consume=True)
 
     def clear(self) -> None:
         """Forget the rows so far without building a frame (:attr:`itl` keeps counting)."""
@@ -368,13 +376,26 @@ class RecordBuilder:
             self._rows, self._order = self._new_rows(), array("q")
 
 
-def _frame(rows: dict[str, Any], order: array, *, consume: bool = False) -> pd.DataFrame:
-    """``rows`` as a DataFrame sorted by ``order`` (submission index). Each column
-    is put in order once and handed to pandas uncopied; ``consume`` empties
-    ``rows`` column by column as it goes (a drained builder's rows), so the rows
-    and the frame are never both whole in memory (a million requests: 300 MB)."""
+def frame_of(columns: Mapping[str, Any]) -> pd.DataFrame:
+    """Record columns (:meth:`RecordBuilder.drain_columns`) as a DataFrame, the
+    numpy columns handed over uncopied."""
     import pandas as pd  # NOTE: lazily: the scheduler imports this module, pandas costs 0.4 s
 
+    return pd.DataFrame(columns, copy=False)
+
+
+def _frame(rows: dict[str, Any], order: array, *, consume: bool = False) -> pd.DataFrame:
+    """``rows`` as a DataFrame sorted by ``order`` (see :func:`_ordered_columns`)."""
+    return frame_of(_ordered_columns(rows, order, consume=consume))
+
+
+def _ordered_columns(
+    rows: dict[str, Any], order: array, *, consume: bool = False
+) -> dict[str, Any]:
+    """``rows`` sorted by ``order`` (submission index), each column put in order
+    once; ``consume`` empties ``rows`` column by column as it goes (a drained
+    builder's rows), so the rows and their sorted copy are never both whole in
+    memory (a million requests: 300 MB)."""
     perm = np.argsort(_copy(order), kind="stable")
     columns: dict[str, Any] = {}
     for name in list(rows):
@@ -384,7 +405,7 @@ def _frame(rows: dict[str, Any], order: array, *, consume: bool = False) -> pd.D
         else:
             columns[name] = [values[i] for i in perm.tolist()]
         del values
-    return pd.DataFrame(columns, copy=False)
+    return columns
 
 
 def _copy(values: array) -> np.ndarray:

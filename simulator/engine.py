@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from roseinfer.calibration.cost_model import BatchShape, CostModel, RooflineCost
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
 from roseinfer.metrics.histogram import LogHistogram
-from roseinfer.records import RecordBuilder
+from roseinfer.records import RecordBuilder, frame_of
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.scheduler import Scheduler, SchedulerOutput
@@ -40,7 +40,9 @@ class SimResult:
     """What a simulated run produced.
 
     Attributes:
-        records: one row per request (``roseinfer.metrics.schema``).
+        columns: one row per request (``roseinfer.metrics.schema``) as columns
+            by name (``RecordBuilder.drain_columns``): what ``summarize`` reads
+            without pandas; :attr:`records` is the same as a DataFrame.
         scheduler: the scheduler after the run (step log, block manager, stats).
         policy: the composed policy label, e.g. ``pack+force-fifo+decode-first``.
         wall_s: wall-clock seconds the simulation took.
@@ -51,13 +53,21 @@ class SimResult:
             ``summarize(records, itl=result.itl)``.
     """
 
-    records: pd.DataFrame
+    columns: dict[str, Any]
     scheduler: Scheduler
     policy: str
     wall_s: float
     num_steps: int
     info: dict[str, object] = field(default_factory=dict)
     itl: LogHistogram | None = None
+    _frame: Any = field(default=None, repr=False)
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The records as a DataFrame (built on first use; pandas is imported then)."""
+        if self._frame is None:
+            self._frame = frame_of(self.columns)
+        return self._frame
 
     @property
     def duration_s(self) -> float:
@@ -65,7 +75,8 @@ class SimResult:
         ends = self.scheduler.step_log.end_s
         if not len(ends):
             return 0.0
-        first = float(self.records["arrival_s"].min()) if len(self.records) else 0.0
+        arrivals = self.columns["arrival_s"]
+        first = float(arrivals.min()) if len(arrivals) else 0.0
         return float(ends[-1]) - first
 
 
@@ -296,7 +307,7 @@ class Simulator:
         drive(sched, reqs, backend, VirtualClock(), ended, on_step)
         sched.check_invariants()
         return SimResult(
-            records=records.drain(),  # NOTE: the rows go as the frame is made
+            columns=records.drain_columns(),  # NOTE: the rows go as the columns are made
             scheduler=sched,
             policy=self.policy.label,
             wall_s=time.perf_counter() - start,

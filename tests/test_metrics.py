@@ -512,3 +512,49 @@ def test_mass_rejection_is_a_warning_and_latencies_say_what_they_cover(records) 
     assert summary_warnings(few) == []  # at the threshold: no warning
     none = {**s, "rejected": 0}
     assert "Latencies below cover" not in format_summary(none, "x")
+
+
+@pytest.mark.parametrize("keep_token_times", [True, False])
+def test_a_simulations_columns_summarise_as_its_dataframe(keep_token_times: bool) -> None:
+    """rose-sim summarises a simulation's columns without pandas: the summary, the
+    per-tenant and per-class tables and the warnings equal the DataFrame's, bit for bit."""
+    from conftest import ToyCostModel
+
+    from roseinfer.cli.report import _group_results
+    from roseinfer.config import SchedulerConfig
+    from roseinfer.metrics import summary_warnings
+    from roseinfer.request import Request
+    from roseinfer.simulator import simulate
+
+    rng = np.random.default_rng(3)
+    reqs = [
+        Request(
+            f"r{i}",
+            float(i) * 0.01,
+            int(rng.integers(5, 300)),
+            int(rng.integers(1, 40)),
+            tenant=("a", "b", None)[i % 3],
+            priority=i % 2,
+            deadline_s=None if i % 4 else 2.0,
+        )  # fmt: skip
+        for i in range(120)
+    ] + [Request("long", 0.5, 5000, 4)]  # rejected: longer than max_model_len
+    config = SchedulerConfig(num_kv_blocks=200, block_size=16, max_num_seqs=16, max_model_len=512)
+    result = simulate(reqs, config, ToyCostModel(), keep_token_times=keep_token_times)
+    goodput = {"ttft": 500.0, "tpot": 30.0}
+    args = dict(duration_s=result.duration_s, goodput=goodput, itl=result.itl)
+    from_columns = summarize(result.columns, **args)
+    from_frame = summarize(result.records, **args)
+
+    def same(a: dict, b: dict) -> bool:
+        return a.keys() == b.keys() and all(
+            x == b[k] or (x != x and b[k] != b[k]) for k, x in a.items()
+        )
+
+    assert same(from_columns, from_frame) and from_columns["rejected"] == 1
+    groups, tables = _group_results(result.columns, goodput)
+    frame_groups, frame_tables = _group_results(result.records, goodput)
+    assert same(groups, frame_groups) and tables == frame_tables and len(tables) == 2
+    flat = {**from_columns, "num_requests": 2, "rejected": 1}  # half rejected: a warning
+    assert summary_warnings(flat, result.columns) == summary_warnings(flat, result.records)
+    assert "most:" in summary_warnings(flat, result.columns)[0]

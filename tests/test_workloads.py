@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -327,3 +328,53 @@ def test_full_shared_traces_load() -> None:
     assert len(mooncake) == 3_993
     assert sum(len(r.prefix_hash_ids or ()) for r in mooncake) == 121_877
     assert mooncake[-1].arrival_time_s == pytest.approx(1022.0, abs=0.1)
+
+
+def _pandas_path(path: Path) -> list[Request]:
+    """The Azure loader with its csv/numpy path turned off (the pandas path)."""
+    from roseinfer.workloads import traces
+
+    fast = traces._azure_without_pandas
+    traces._azure_without_pandas = lambda p: None  # type: ignore[assignment]
+    try:
+        return traces.load_trace(path)
+    finally:
+        traces._azure_without_pandas = fast  # type: ignore[assignment]
+
+
+def test_azure_csv_path_gives_the_pandas_paths_requests_to_the_bit(tmp_path: Path) -> None:
+    """The csv/numpy reader (no pandas import) and the pandas reader agree on the
+    embedded sample and on odd sub-second stamps, ``T`` separators and extra columns."""
+    from roseinfer.workloads import traces
+
+    sample = Path(str(resources.files("roseinfer.workloads.data") / traces.DEFAULT_TRACE_NAME))
+    odd = tmp_path / "odd.csv"
+    odd.write_text(
+        "X,TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "a,2023-11-16 18:15:46.6805900,10,2\n"
+        "b,2023-11-16T18:15:46.6,3,7\n"
+        "c,2023-11-16 18:15:45,5,1\n"
+        "d,2023-11-17 00:00:00.000000001,2147483647,1\n"
+    )
+    for path in (sample, odd):
+        fast = traces._azure_without_pandas(path)
+        assert fast is not None and fast == _pandas_path(path)
+        assert all(r.arrival_time_s == float(r.arrival_time_s) for r in fast)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "2023-11-16 18:15:46+00:00,1,1",
+        "2023-11-16 18:15:46,0,1",
+        "2023-11-16 18:15:46,1.0,1",
+        "2023-11-16 18:15:46,1,1,9",
+        "",
+    ],  # fmt: skip
+)
+def test_azure_rows_the_csv_path_cannot_read_go_to_the_pandas_path(tmp_path: Path, row: str):
+    from roseinfer.workloads import traces
+
+    path = tmp_path / "t.csv"
+    path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:40,4,4\n{row}\n")
+    assert traces._azure_without_pandas(path) is None
