@@ -339,7 +339,8 @@ def _azure_without_pandas(path: Path) -> list[Request] | None:
             return None
         counts.append(values)
     ns = np.array(stamps, dtype="datetime64[ns]").astype(np.int64)
-    return _build([f"{path.stem}-{i}" for i in range(len(body))], (ns - ns.min()) / 10**9, *counts)
+    stem = path.stem
+    return _build([f"{stem}-{i}" for i in range(len(body))], (ns - ns.min()) / 10**9, *counts)
 
 
 def _load_azure(path: Path) -> list[Request]:
