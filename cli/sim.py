@@ -20,10 +20,10 @@ import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from roseinfer import _core
 from roseinfer.calibration.cost_model import cost_model_source
-from roseinfer.calibration.steplog import StepLogWriter, StepRecorder, make_header
 from roseinfer.cli.cluster import replica_specs, run_cluster, wants_cluster
 from roseinfer.cli.config import (
     check_args,
@@ -46,6 +46,9 @@ from roseinfer.simulator.engine import simulate
 from roseinfer.simulator.setup import (
     SimSetup,
 )
+
+if TYPE_CHECKING:
+    from roseinfer.calibration.steplog import StepRecorder
 
 
 def _run(args: argparse.Namespace, registry: Registry, options: PolicyOptions) -> None:
@@ -100,6 +103,8 @@ def _step_recorder(
     """``--save-steps``: a step log of the simulated steps, in the schema real runs write."""
     if args.save_steps is None:
         return None
+    from roseinfer.calibration.steplog import StepLogWriter, StepRecorder, make_header
+
     header = make_header(
         "rose-sim",
         model={"name": setup.model.name, "spec": dataclasses.asdict(setup.model)},

@@ -13,65 +13,55 @@ Example::
     print(format_summary(summary, "fifo @ 8 req/s"))
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from roseinfer.metrics.lazy import lazy_exports
 
 # Names load their module on first use (PEP 562), so that importing one
 # submodule (the core imports ``histogram`` and ``schema``) costs no pandas.
 _EXPORTS: dict[str, str] = {
-    "COLUMNS": "schema",
-    "Column": "schema",
-    "DEFAULT_PERCENTILES": "summary",
-    "LATENCY_METRICS": "summary",
-    "MAX_EXTRAPOLATION": "schema",
-    "MAX_EXTRAPOLATION_AXIS": "schema",
-    "MAX_REJECTED_SHARE": "summary",
-    "STEPS_OUTSIDE_FIT_SHARE": "schema",
-    "LogHistogram": "histogram",
-    "NO_TENANT": "fairness",
-    "RECORD_SUFFIXES": "io",
-    "SCHEMA": "schema",
-    "SLO_METRICS": "summary",
-    "STATUSES": "schema",
-    "VTC_WEIGHTS": "fairness",
-    "check_output_path": "io",
-    "escape_formula": "io",
-    "format_summary": "summary",
-    "fair_share_fairness": "fairness",
-    "jain_index": "fairness",
-    "latency_values_ms": "summary",
-    "parse_goodput": "summary",
-    "per_class": "classes",
-    "per_tenant": "fairness",
-    "plot_cdf": "plots",
-    "plot_p99_vs_rate": "plots",
-    "plot_sim_vs_real": "plots",
-    "plot_tenant_ttft": "plots",
-    "service_fairness": "classes",
-    "slo_met": "classes",
-    "summarize": "summary",
-    "summary_warnings": "summary",
-    "tenant_fair_share": "fairness",
-    "tenant_fairness": "fairness",
-    "tenant_service": "classes",
-    "validate_records": "schema",
-    "write_records": "io",
-    "write_result": "io",
+    "COLUMNS": ".schema",
+    "Column": ".schema",
+    "DEFAULT_PERCENTILES": ".summary",
+    "LATENCY_METRICS": ".summary",
+    "MAX_EXTRAPOLATION": ".schema",
+    "MAX_EXTRAPOLATION_AXIS": ".schema",
+    "MAX_REJECTED_SHARE": ".summary",
+    "STEPS_OUTSIDE_FIT_SHARE": ".schema",
+    "LogHistogram": ".histogram",
+    "NO_TENANT": ".fairness",
+    "RECORD_SUFFIXES": ".io",
+    "SCHEMA": ".schema",
+    "SLO_METRICS": ".summary",
+    "STATUSES": ".schema",
+    "VTC_WEIGHTS": ".fairness",
+    "check_output_path": ".io",
+    "escape_formula": ".io",
+    "format_summary": ".summary",
+    "fair_share_fairness": ".fairness",
+    "jain_index": ".fairness",
+    "latency_values_ms": ".summary",
+    "parse_goodput": ".summary",
+    "per_class": ".classes",
+    "per_tenant": ".fairness",
+    "plot_cdf": ".plots",
+    "plot_p99_vs_rate": ".plots",
+    "plot_sim_vs_real": ".plots",
+    "plot_tenant_ttft": ".plots",
+    "service_fairness": ".classes",
+    "slo_met": ".classes",
+    "summarize": ".summary",
+    "summary_warnings": ".summary",
+    "tenant_fair_share": ".fairness",
+    "tenant_fairness": ".fairness",
+    "tenant_service": ".classes",
+    "validate_records": ".schema",
+    "write_records": ".io",
+    "write_result": ".io",
 }
 
 
-def __getattr__(name: str) -> object:
-    """Load an exported name from its submodule on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'roseinfer.metrics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -19,6 +19,7 @@ class PrefillFirst(AdmissionPolicy):
 
     name = "prefill-first"
     description = "a prefill step, then a decode step (seeds 027-031)"
+    fixed_order = PREFILL_FIRST
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Prefill, then decode."""
@@ -34,6 +35,7 @@ class DecodeFirst(AdmissionPolicy):
 
     name = "decode-first"
     description = "a decode step, then a prefill step (seed 032)"
+    fixed_order = DECODE_FIRST
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Decode, then prefill."""
@@ -52,6 +54,7 @@ class Mixed(AdmissionPolicy):
 
     name = "mixed"
     description = "decodes and prefill chunks in one step (vLLM v1, Sarathi-Serve)"
+    fixed_order = MIXED_ORDER
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """One mixed step."""
@@ -69,6 +72,7 @@ class PrefillPriority(AdmissionPolicy):
 
     name = "prefill-priority"
     description = "prefill whenever possible, decode otherwise (SGLang's loop)"
+    fixed_order = (Phase.PREFILL,)
 
     def order(self, ctx: PolicyContext) -> tuple[Phase, ...]:
         """Prefill only; the scheduler decodes when the prefill step is empty."""

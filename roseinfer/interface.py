@@ -371,6 +371,11 @@ class AdmissionPolicy:
         guarantees: names of the properties it declares, from :data:`GUARANTEES`
             (an unknown name is an error at registration); ``tests/test_properties.py``
             checks each one for each policy that declares it.
+        fixed_order: a loop ordering whose :meth:`order` answers the same phases
+            whatever the context declares them here; the scheduler then takes
+            them as they are instead of building a context and calling
+            :meth:`order` every iteration (a third of a simulated step's cost in
+            the policy layer). None (the default): :meth:`order` is called.
     """
 
     name: ClassVar[str] = ""
@@ -384,6 +389,7 @@ class AdmissionPolicy:
     uses_length_predictor: ClassVar[bool] = False
     option_specs: ClassVar[tuple[PolicyOption, ...]] = ()
     guarantees: ClassVar[tuple[str, ...]] = ()
+    fixed_order: ClassVar[tuple[Phase, ...] | None] = None
 
     def __init__(self, options: PolicyOptions | None = None) -> None:
         self.options = options if options is not None else PolicyOptions()
@@ -576,6 +582,11 @@ class PolicyWrapper(AdmissionPolicy):
         """Delegate to the wrapped policy."""
         return self.inner.order(ctx)
 
+    @property
+    def fixed_order(self) -> tuple[Phase, ...] | None:  # type: ignore[override]
+        """The wrapped policy's."""
+        return self.inner.fixed_order
+
     def select_victim(self, running: Sequence[Seq], ctx: PolicyContext) -> Seq:
         """Delegate to the wrapped policy."""
         return self.inner.select_victim(running, ctx)
@@ -643,6 +654,11 @@ class ComposedPolicy(AdmissionPolicy):
     def may_preempt(self) -> bool:  # type: ignore[override]
         """Whether the chosen admission policy names running requests to preempt."""
         return self.base.may_preempt
+
+    @property
+    def fixed_order(self) -> tuple[Phase, ...] | None:  # type: ignore[override]
+        """The loop ordering's declared phases, if it declares them."""
+        return self.ordering.fixed_order
 
     @property
     def may_drop(self) -> bool:  # type: ignore[override]

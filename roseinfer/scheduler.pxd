@@ -65,6 +65,7 @@ cdef class Scheduler:
     cdef public Py_ssize_t max_used_blocks
     cdef public Py_ssize_t _admission_round
     cdef public object _phases
+    cdef public object _fixed_order
     cdef public dict _live
     cdef public list _ended
     cdef public bint _acts

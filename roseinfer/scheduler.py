@@ -326,6 +326,8 @@ class Scheduler:
         self.max_used_blocks = 0
         self._admission_round = 0
         self._phases: deque[Phase] = deque()
+        fixed = getattr(policy, "fixed_order", None)
+        self._fixed_order = None if fixed is None else self._checked_phases(fixed, "declares")
         self._live: dict[str, Sequence] = {}
         self._ended: list[Sequence] = []
         self._acts = bool(policy.may_preempt or policy.may_drop)  # see _policy_actions
@@ -479,14 +481,21 @@ class Scheduler:
             return (Phase.DECODE,) if has_decodes else ()
         if not has_decodes:
             return (Phase.PREFILL,)
-        phases = self.policy.order(self._context(now_s))
+        if self._fixed_order is not None:
+            return self._fixed_order
+        return self._checked_phases(self.policy.order(self._context(now_s)), "returned")
+
+    def _checked_phases(self, phases: object, verb: str) -> tuple[Phase, ...]:
+        """``phases`` as a tuple, or PolicyError naming the policy when it is not
+        a non-empty sequence of :class:`Phase` (``verb``: "returned" for an
+        ``order()`` answer, "declares" for ``fixed_order``)."""
         if (
             not isinstance(phases, (tuple, list))
             or not phases
             or any(not isinstance(p, Phase) for p in phases)
         ):
             raise PolicyError(
-                f"loop order of policy {self.policy_name!r} returned {phases!r}; "
+                f"loop order of policy {self.policy_name!r} {verb} {phases!r}; "
                 "expected a non-empty tuple of roseinfer.interface.Phase"
             )
         return tuple(phases)

@@ -7,19 +7,26 @@ built-in model and device specs, and the profiled ones fitted from ``rose-run
 profile`` (``load_profile(path).cost_model()``). No torch here.
 """
 
-from roseinfer.calibration import (
-    CalibratedRooflineCostModel,
-    Profile,
-    ProfiledCostModel,
-    load_profile,
-)
-from roseinfer.calibration.cost_model import (
-    BatchShape,
-    CostModel,
-    RooflineCostModel,
-    make_cost_model,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from roseinfer.metrics.lazy import lazy_exports
 from roseinfer.simulator.engine import SimResult, Simulator, simulate
+
+if TYPE_CHECKING:
+    from roseinfer.calibration import (
+        CalibratedRooflineCostModel,
+        Profile,
+        ProfiledCostModel,
+        load_profile,
+    )
+    from roseinfer.calibration.cost_model import (
+        BatchShape,
+        CostModel,
+        RooflineCostModel,
+        make_cost_model,
+    )
 
 __all__ = [
     "BatchShape",
@@ -34,3 +41,18 @@ __all__ = [
     "make_cost_model",
     "simulate",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(
+            ("CalibratedRooflineCostModel", "Profile", "ProfiledCostModel", "load_profile"),
+            "roseinfer.calibration",
+        ),
+        **dict.fromkeys(
+            ("BatchShape", "CostModel", "RooflineCostModel", "make_cost_model"),
+            "roseinfer.calibration.cost_model",
+        ),
+    },
+)

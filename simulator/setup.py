@@ -16,11 +16,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from roseinfer.calibration import Profile, ProfileError
 from roseinfer.calibration.cost_model import CostModel, cost_model_source, make_cost_model
-from roseinfer.calibration.profile import load_calibration
 from roseinfer.calibration.specs import (
     DEVICES,
     DeviceSpec,
@@ -31,6 +29,9 @@ from roseinfer.calibration.specs import (
     model_spec_from_hf_config,
 )
 from roseinfer.config import DEFAULT_BLOCK_SIZE, kv_blocks_from_bytes
+
+if TYPE_CHECKING:
+    from roseinfer.calibration.profile import Profile
 
 DEFAULT_MODEL = "llama-3.1-8b"
 """The model ``rose-sim`` simulates when none is named."""
@@ -213,6 +214,10 @@ def calibrated_setup(
         SetupError: on a bad file, or a calibration without a model shape and no
             ``model_name``.
     """
+    # NOTE: imported here: a roofline run never loads the profile readers and fitters
+    from roseinfer.calibration.profile import load_calibration
+    from roseinfer.calibration.step_model import ProfileError
+
     try:
         profile = load_calibration(files)
     except ProfileError as err:
@@ -257,6 +262,8 @@ def _pool_defaults(
     Raises:
         ProfileError: when the pool can be sized neither way.
     """
+    from roseinfer.calibration.step_model import ProfileError
+
     try:
         return profile.scheduler_defaults(other, pool.block_size, max_num_seqs)
     except ProfileError:

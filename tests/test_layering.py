@@ -275,10 +275,13 @@ def test_every_module_imports_alone() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--num-requests", "50", "--quiet"]])
-def test_rose_sim_imports_neither_pandas_nor_tqdm(argv: list[str]) -> None:
+def test_rose_sim_imports_no_heavy_module_it_does_not_use(argv: list[str]) -> None:
     """Modules that name pandas at their top bind it lazily (``metrics/lazy.py``),
     a simulation is summarised from its columns and the Azure trace is read with
-    the csv module: ``rose-sim --help`` and a quiet run never import pandas."""
+    the csv module: ``rose-sim --help`` and a quiet run never import pandas. The
+    calibration package loads its profile readers and fitters on first use, and
+    the trace catalogue its HTTP client only to download: a roofline run needs
+    neither."""
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['rose-sim', *{argv!r}]\n"
@@ -286,7 +289,9 @@ def test_rose_sim_imports_neither_pandas_nor_tqdm(argv: list[str]) -> None:
         "    runpy.run_module('roseinfer.cli.sim', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print(sorted(m for m in ('pandas', 'tqdm', 'pyarrow') if m in sys.modules))\n"
+        "heavy = ('pandas', 'tqdm', 'pyarrow', 'urllib.request',\n"
+        "         'roseinfer.calibration.profile', 'roseinfer.calibration.roofline_fit')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -302,3 +307,21 @@ def test_a_lazy_module_imports_on_first_use() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True", "DataFrame"]
+
+
+def test_lazy_exports_load_a_name_on_first_use_and_refuse_unknown_ones() -> None:
+    code = (
+        "import sys\n"
+        "import roseinfer.calibration as c\n"
+        "before = 'roseinfer.calibration.roofline_fit' in sys.modules\n"
+        "fit = c.calibrate_roofline\n"
+        "after = 'roseinfer.calibration.roofline_fit' in sys.modules\n"
+        "try:\n"
+        "    c.no_such_name\n"
+        "    refused = False\n"
+        "except AttributeError as err:\n"
+        "    refused = 'no_such_name' in str(err)\n"
+        "print(before, after, 'calibrate_roofline' in vars(c), 'fit_step_model' in dir(c), refused)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True", "True", "True"]

@@ -462,6 +462,47 @@ def test_log_histogram_matches_numpy_within_its_resolution(values, num_batches) 
     assert hist.std == pytest.approx(float(data.std()), rel=1e-6, abs=1e-12)
 
 
+def _plain_buckets(hist, values: np.ndarray) -> np.ndarray:
+    """The bucket counts of ``values`` by the plain expression the histogram documents."""
+    from roseinfer.metrics import histogram
+
+    values = values[~np.isnan(values)]
+    clipped = np.clip(values, histogram._MIN_S, histogram._MAX_S)
+    index = (np.log(clipped / histogram._MIN_S) / hist._log_base).astype(np.int64)
+    return np.bincount(index, minlength=hist._counts.size)
+
+
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_log_histogram_buckets_in_kept_buffers_and_passes_as_the_plain_expression(with_nan):
+    """add() works in place, in buffers it keeps, and in passes over a large
+    array: the buckets are those of the plain expression, NaNs are skipped, and
+    a pickled histogram carries no buffers."""
+    import pickle
+
+    from roseinfer.metrics import LogHistogram, histogram
+
+    rng = np.random.default_rng(7)
+    parts = [rng.lognormal(-4.6, 2.0, n) for n in (10, histogram._PASS_VALUES * 2 + 5, 300)]
+    parts[1][:3] = [0.0, 1e-12, 1e9]  # the clipped ends
+    if with_nan:
+        parts[0][::3] = np.nan
+        parts[1][-7:] = np.nan
+    hist = LogHistogram()
+    for part in parts:
+        hist.add(part)
+    data = np.concatenate(parts)
+    assert np.array_equal(hist._counts, _plain_buckets(hist, data))
+    finite = data[~np.isnan(data)]
+    assert hist.count == finite.size
+    assert hist.mean == pytest.approx(float(finite.mean()), rel=1e-12)
+    assert hist.std == pytest.approx(float(finite.std()), rel=1e-9)
+    clone = pickle.loads(pickle.dumps(hist))
+    assert clone._scratch.size == 0 and len(pickle.dumps(hist)) < 2 * hist._counts.nbytes
+    assert clone.percentiles([50, 99]) == hist.percentiles([50, 99])
+    clone.add(parts[2])  # a restored histogram grows its buffers again
+    assert clone.count == hist.count + parts[2].size
+
+
 def test_the_core_imports_without_pandas():
     """``import roseinfer.scheduler`` costs no pandas (0.4 s): the records frame
     and the metrics package's names load it on first use."""

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from conftest import budget, ctx, seqs
+from conftest import budget, ctx, drive_unit_steps, make_scheduler, req, seqs
 
-from roseinfer.interface import DECODE_FIRST, PREFILL_FIRST, PolicyOptions
+from roseinfer.interface import (
+    DECODE_FIRST,
+    PREFILL_FIRST,
+    AdmissionPolicy,
+    ComposedPolicy,
+    Phase,
+    PolicyError,
+    PolicyOptions,
+)
 from roseinfer.policies.admission import Fifo, Pack, TokenBudget
 from roseinfer.policies.orderings import DecodeFirst, PrefillFirst
 from roseinfer.policies.wrappers import ForceFifo
+from roseinfer.registry import load_registry
+from roseinfer.scheduler import Scheduler
 
 
 def ids(selection) -> list[int]:
@@ -88,3 +98,46 @@ def test_force_fifo_admits_fifo_every_nth_round(round_index: int, expected: list
 def test_orderings() -> None:
     assert PrefillFirst().order(ctx()) == PREFILL_FIRST
     assert DecodeFirst().order(ctx()) == DECODE_FIRST
+
+
+def test_every_declared_fixed_order_is_what_order_answers() -> None:
+    registry = load_registry()
+    declared = 0
+    for name in registry.loop_orders:
+        ordering = registry.loop_order(name)(PolicyOptions())
+        if ordering.fixed_order is not None:
+            declared += 1
+            for round_index in (1, 2, 7):
+                assert ordering.order(ctx(admission_round=round_index)) == ordering.fixed_order
+    assert declared >= 4  # the built-ins: prefill-first, decode-first, mixed, prefill-priority
+
+
+class _DeclaredDecodeFirst(AdmissionPolicy):
+    """decode-first by declaration only: ``order`` must never be called."""
+
+    name = "declared-decode-first"
+    fixed_order = DECODE_FIRST
+
+    def order(self, ctx):  # type: ignore[no-untyped-def]
+        raise AssertionError("order() called although fixed_order is declared")
+
+
+def test_a_declared_fixed_order_runs_as_order_would(registry) -> None:
+    reqs = [req(i, 3 + i % 4, 2 + i % 3, arrival=0.5 * i) for i in range(12)]
+    by_order = drive_unit_steps(make_scheduler(registry, loop_order="decode-first"), reqs)
+    config = make_scheduler(registry, loop_order="decode-first").config
+    policy = ComposedPolicy(registry.make("fifo", "prefill-first", PolicyOptions()).admission,
+                            _DeclaredDecodeFirst(), ("test", "test"))  # fmt: skip
+    by_declaration = drive_unit_steps(Scheduler(config, policy, "declared"), reqs)
+    columns = ["request_id", "first_token_s", "finish_s", "num_output_tokens"]
+    assert by_declaration[columns].equals(by_order[columns])
+
+
+@pytest.mark.parametrize("declared", [(), ("prefill",), [Phase.DECODE, 2]])
+def test_a_bad_fixed_order_is_refused_when_the_scheduler_starts(registry, declared) -> None:
+    bad = type("Bad", (_DeclaredDecodeFirst,), {"fixed_order": declared})
+    policy = ComposedPolicy(registry.make("fifo", "prefill-first", PolicyOptions()).admission,
+                            bad(), ("test", "test"))  # fmt: skip
+    config = make_scheduler(registry).config
+    with pytest.raises(PolicyError, match="loop order of policy 'bad' declares"):
+        Scheduler(config, policy, "bad")

@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -217,6 +215,8 @@ def _download(trace: PublicTrace, url: str, path: Path) -> None:
 def _copy(trace: PublicTrace, url: str, out: BinaryIO) -> tuple[str, int]:
     """Stream ``url`` into ``out``: (hex SHA-256, bytes), reading at most one byte past
     the catalogued size (a source that sends more fails the size check, unread)."""
+    import urllib.request  # NOTE: here, not at the top: http and ssl cost a short run 10 ms
+
     digest, size = hashlib.sha256(), 0
     try:
         response = urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S)  # noqa: S310

@@ -595,18 +595,21 @@ def _build(
     deadlines: Sequence[float | None] | None = None,
 ) -> list[Request]:
     """Requests in arrival order (stable), times re-based to the earliest."""
-    rel_s = arrival_s - arrival_s.min()
+    rel = arrival_s - arrival_s.min()
+    # NOTE: Python lists first: indexing numpy arrays per request costs more than the Request
+    rel_s, prompts, outputs = rel.tolist(), np.asarray(prompt).tolist(), np.asarray(output).tolist()
+    ranks = None if priorities is None else np.asarray(priorities).tolist()
     return [
         Request(
             ids[i],
-            float(rel_s[i]),
-            int(prompt[i]),
-            int(output[i]),
+            rel_s[i],
+            prompts[i],
+            outputs[i],
             prefix_hash_ids=None if hash_ids is None else hash_ids[i],
             prefix_hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
             tenant=None if tenants is None else tenants[i],
-            priority=0 if priorities is None else int(priorities[i]),
+            priority=0 if ranks is None else int(ranks[i]),
             deadline_s=None if deadlines is None else deadlines[i],
         )
-        for i in np.argsort(rel_s, kind="stable")
+        for i in np.argsort(rel, kind="stable").tolist()
     ]
