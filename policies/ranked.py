@@ -34,11 +34,13 @@ def preempt_for(
     if not ctx.running:
         return []
     seats, free = ctx.free_seats, ctx.num_free_blocks
-    pool = sorted(ctx.running, key=key, reverse=True)  # worst first
+    pool: list[Seq] | None = None  # the running set, worst first: sorted when first needed
     victims: list[Seq] = []
     for cand in heapq.nsmallest(max(ctx.max_num_seqs, 1), waiting, key=key):
         need = -(-ctx.cost(cand) // ctx.block_size)
         while seats < 1 or free < need:
+            if pool is None:
+                pool = sorted(ctx.running, key=key, reverse=True)
             if not pool or not outranks(cand, pool[0]):
                 return victims
             victim = pool.pop(0)

@@ -141,3 +141,28 @@ def test_a_bad_fixed_order_is_refused_when_the_scheduler_starts(registry, declar
     config = make_scheduler(registry).config
     with pytest.raises(PolicyError, match="loop order of policy 'bad' declares"):
         Scheduler(config, policy, "bad")
+
+
+@pytest.mark.parametrize("free_seats, expected_victims", [(1, []), (0, [2])])
+def test_preempt_for_ranks_the_running_set_only_when_room_is_short(
+    free_seats, expected_victims
+) -> None:
+    """The running set is sorted (every member ranked) only once a waiting
+    request lacks a seat or blocks; with room for the best one nobody is ranked."""
+    import dataclasses
+
+    from roseinfer.policies.ranked import preempt_for
+
+    running, waiting = seqs(5, 6, 7), seqs(1)
+    waiting[0].seq_id = 9
+    ranked: list[int] = []
+
+    def key(seq):
+        ranked.append(seq.seq_id)
+        return (seq.num_tokens, seq.seq_id)
+
+    context = dataclasses.replace(ctx(), running=running, free_seats=free_seats,
+                                  num_free_blocks=100, max_num_seqs=4)  # fmt: skip
+    victims = preempt_for(waiting, context, key, lambda a, b: key(a) < key(b))
+    assert [v.seq_id for v in victims] == expected_victims
+    assert set(ranked) == ({9} if free_seats else {0, 1, 2, 9})
