@@ -34,6 +34,8 @@ def preempt_for(
     if not ctx.running:
         return []
     seats, free = ctx.free_seats, ctx.num_free_blocks
+    if seats >= len(waiting) and sum(-(-ctx.cost(s) // ctx.block_size) for s in waiting) <= free:
+        return []  # a seat and blocks for every waiting request: no victim in any rank order
     pool: list[Seq] | None = None  # the running set, worst first: sorted when first needed
     victims: list[Seq] = []
     for cand in heapq.nsmallest(max(ctx.max_num_seqs, 1), waiting, key=key):

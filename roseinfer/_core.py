@@ -1,10 +1,10 @@
 """Which simulator core runs: the compiled one or the pure-Python reference.
 
-The core's per-step modules (:data:`CORE_SOURCES`: the scheduler, the block
-manager, the step log, the drive loop and the simulator's cost-model backend)
-are compiled at install time by ``setup.py`` with Cython from their own
-``.py`` files, typed by the ``.pxd`` files beside them. The ``.py`` files are
-the reference: they run as they are when
+The core's per-step modules (:data:`CORE_SOURCES`: the scheduler, the check
+of policies' answers, the block manager, the step log, the drive loop and the
+simulator's cost-model backend) are compiled at install time by ``setup.py``
+with Cython from their own ``.py`` files, typed by the ``.pxd`` files beside
+them. The ``.py`` files are the reference: they run as they are when
 
 - ``ROSEINFER_PURE_PYTHON=1`` is set,
 - the install built no compiled core (no Cython or no C compiler), or
@@ -33,6 +33,7 @@ from types import ModuleType
 
 CORE_SOURCES: dict[str, str] = {
     "roseinfer.sequence": "roseinfer/sequence.py",
+    "roseinfer.contract": "roseinfer/contract.py",
     "roseinfer.records": "roseinfer/records.py",
     "roseinfer.block_manager": "roseinfer/block_manager.py",
     "roseinfer.scheduler": "roseinfer/scheduler.py",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Sequence as SequenceABC
+from itertools import repeat
 from numbers import Real
 
 from roseinfer.interface import Budget, PolicyContext, PolicyError
@@ -90,7 +91,7 @@ def checked_admission(
             f"{where} selected {len(selection)} requests; at most {budget.max_seqs} fit"
         )
     checked = _checked_choices(where, selection, budget, ctx, live, chunked_prefill)
-    if budget.max_tokens is None and not any(isinstance(c, tuple) for c in selection):
+    if budget.max_tokens is None and not any(map(isinstance, selection, repeat(tuple))):
         return checked
     choices = list(checked)
     if len(choices) > 1 and budget.max_tokens is not None:
@@ -113,15 +114,17 @@ def _checked_choices(
 ) -> Iterator[tuple[Sequence, int | None]]:
     seen: set[int] = set()
     explicit = 0
+    room = budget.max_batched_tokens
     for choice in selection:
         seq, num_tokens = _choice(where, choice, seen, ctx, live, chunked_prefill)
         seen.add(seq.seq_id)
-        explicit += num_tokens or 0
-        if budget.max_batched_tokens is not None and explicit > budget.max_batched_tokens:
-            raise PolicyError(
-                f"{where} asked for {explicit} chunk tokens; the step has "
-                f"{budget.max_batched_tokens} left (max_num_batched_tokens)"
-            )
+        if num_tokens is not None:
+            explicit += num_tokens
+            if room is not None and explicit > room:
+                raise PolicyError(
+                    f"{where} asked for {explicit} chunk tokens; the step has "
+                    f"{room} left (max_num_batched_tokens)"
+                )
         yield seq, num_tokens
 
 
@@ -134,7 +137,7 @@ def _choice(
     chunked_prefill: bool,
 ) -> tuple[Sequence, int | None]:
     given, num_tokens = choice if isinstance(choice, tuple) and len(choice) == 2 else (choice, None)
-    seq = _held(given, live, f"{where} selected")
+    seq = _held(given, live, where, "selected")
     if seq.seq_id in seen:
         raise PolicyError(f"{where} selected {seq!r} twice")
     if seq.status is not SeqStatus.WAITING:
@@ -154,10 +157,11 @@ def _choice(
     return seq, num_tokens
 
 
-def _held(seq: object, live: Mapping[str, Sequence], said: str) -> Sequence:
-    """``seq`` when it is a sequence ``live`` holds; else PolicyError."""
+def _held(seq: object, live: Mapping[str, Sequence], where: str, verb: str) -> Sequence:
+    """``seq`` when it is a sequence ``live`` holds; else PolicyError ("``where``
+    ``verb`` SEQ, which this scheduler does not hold")."""
     if not isinstance(seq, Sequence) or live.get(seq.request_id) is not seq:
-        raise PolicyError(f"{said} {seq!r}, which this scheduler does not hold")
+        raise PolicyError(f"{where} {verb} {seq!r}, which this scheduler does not hold")
     return seq
 
 
@@ -188,10 +192,10 @@ def checked_named(
     """
     if not isinstance(answer, list):
         raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
-    state = _STATE[what]
+    state, verb = _STATE[what], f"asked to {what}"
     seen: set[int] = set()
     for given in answer:
-        seq = _held(given, live, f"{where} asked to {what}")
+        seq = _held(given, live, where, verb)
         if seq.seq_id in seen:
             raise PolicyError(f"{where} asked to {what} {seq!r} twice")
         seen.add(seq.seq_id)

@@ -407,6 +407,12 @@ class AdmissionPolicy:
                 return spec.default if value is None else spec.convert(value)
         raise KeyError(f"{type(self).__name__} declares no option {name!r}")
 
+    @functools.cached_property
+    def _chunk_head(self) -> bool:
+        """Whether this policy declares ``chunk_head`` and it is on (read once: the
+        options of an instance never change)."""
+        return bool(self.declares("chunk_head") and self.opt("chunk_head"))
+
     @classmethod
     def declares(cls, name: str) -> bool:
         """True when the class declares the knob ``name`` in its ``option_specs``."""
@@ -514,7 +520,7 @@ class AdmissionPolicy:
         else arrival order, under the token budget (when the policy declares
         ``uses_token_budget``; FIFO is the ``fifo`` policy).
         """
-        chunk_head = bool(self.declares("chunk_head") and self.opt("chunk_head"))
+        chunk_head = self._chunk_head
         if budget.max_tokens is not None and not self.uses_token_budget:
             budget = dataclasses.replace(budget, max_tokens=None)  # fifo: seats and blocks only
         if self.ranks():
