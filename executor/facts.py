@@ -72,11 +72,15 @@ def executor_facts(
 ) -> dict[str, object]:
     """The ``executor`` section of a profile or a step log: what ``rose-sim
     --cost-model FILE`` takes as its defaults (the pool, block size, max model
-    length, how a workload's lengths were fitted)."""
+    length, how a workload's lengths were fitted), and how its steps ran
+    (attention backend, ``enforce_eager`` and the decode batch sizes captured as
+    CUDA graphs: an eager profile prices a graphed run's decodes too high)."""
     return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.attention_backend,
+        "enforce_eager": runner.enforce_eager,
+        "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
         "num_kv_blocks": config.num_kv_blocks,
         "block_size": config.block_size,
         "kv_cache_bytes": runner.kv_cache_bytes,

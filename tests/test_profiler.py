@@ -157,6 +157,7 @@ def test_profile_file_has_samples_fit_and_setup(tiny_profile):
     ex = doc["executor"]
     assert (ex["block_size"], ex["max_model_len"], ex["max_num_seqs"]) == (16, 128, 16)
     assert ex["num_kv_blocks"] == 16 * 8  # rose-run's cap: max_num_seqs x blocks of max_model_len
+    assert ex["enforce_eager"] is False and ex["cuda_graph_batch_sizes"] == []  # no graphs on CPU
     assert doc["environment"]["num_threads"] == 1 and doc["environment"]["torch"]
     kinds = {s["kind"] for s in doc["samples"]}
     assert kinds == {"prefill", "decode", "mixed"}
