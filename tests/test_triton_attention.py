@@ -23,7 +23,12 @@ pytest.importorskip("triton")
 from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor.attn_sdpa import offset_causal_mask, sdpa  # noqa: E402
-from roseinfer.executor.attn_triton import TritonBackend, query_blocks  # noqa: E402
+from roseinfer.executor.attn_triton import (  # noqa: E402
+    TUNE_MARGIN,
+    TritonBackend,
+    query_blocks,
+    steady_pick,
+)
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -285,3 +290,14 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
         timeout=600,
     )  # fmt: skip
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]
+
+
+def test_tuning_keeps_the_first_candidate_within_the_margin_of_the_fastest() -> None:
+    a, b, c = (32, 4, 3), (64, 4, 3), (128, 4, 3)
+    assert steady_pick([]) is None
+    assert steady_pick([(10.0, a), (9.9, b), (12.0, c)]) == a  # b's edge is noise
+    assert steady_pick([(10.0, a), (8.0, b), (7.9, c)]) == b  # a is slower beyond the margin
+    assert steady_pick([(12.0, a), (10.0 * (1 + TUNE_MARGIN) + 1e-9, b), (10.0, c)]) == c
+    # a noisy re-timing that stays inside the margin keeps the same choice
+    for jitter in (0.99, 1.0, 1.01):
+        assert steady_pick([(10.0 * jitter, a), (10.0, b)]) == a
