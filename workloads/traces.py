@@ -597,8 +597,9 @@ def _build(
     """Requests in arrival order (stable), times re-based to the earliest."""
     rel = arrival_s - arrival_s.min()
     # NOTE: Python lists first: indexing numpy arrays per request costs more than the Request
-    rel_s, prompts, outputs = rel.tolist(), np.asarray(prompt).tolist(), np.asarray(output).tolist()
-    ranks = None if priorities is None else np.asarray(priorities).tolist()
+    rel_s = rel.astype(np.float64).tolist()
+    prompts, outputs = (np.asarray(a, dtype=np.int64).tolist() for a in (prompt, output))
+    ranks = None if priorities is None else np.asarray(priorities, dtype=np.int64).tolist()
     return [
         Request(
             ids[i],
@@ -608,7 +609,7 @@ def _build(
             prefix_hash_ids=None if hash_ids is None else hash_ids[i],
             prefix_hash_block_tokens=MOONCAKE_BLOCK_TOKENS,
             tenant=None if tenants is None else tenants[i],
-            priority=0 if ranks is None else int(ranks[i]),
+            priority=0 if ranks is None else ranks[i],
             deadline_s=None if deadlines is None else deadlines[i],
         )
         for i in np.argsort(rel, kind="stable").tolist()
