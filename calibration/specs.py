@@ -644,6 +644,10 @@ LINKS: dict[str, LinkSpec] = {
     "rdma-400g": LinkSpec(name="rdma-400g", bandwidth=0.8 * 50 * GB, latency_s=5e-6),
     "tcp-100g": LinkSpec(name="tcp-100g", bandwidth=0.6 * 12.5 * GB, latency_s=50e-6),
 }
+
+DEFAULT_KV_TRANSFER_LINK = "rdma-400g"
+"""Between the GPUs of two replicas: one 400 Gb/s RDMA NIC per GPU, as DGX H100
+nodes have (DistServe's testbed used InfiniBand too)."""
 """Built-in links by name (sources above)."""
 
 

@@ -51,8 +51,9 @@ from roseinfer.metrics import summarize
 from roseinfer.registry import Registry, load_registry
 from roseinfer.request import Request
 from roseinfer.routing import Router, build_router
-from roseinfer.simulator.cluster import MAX_REPLICAS, ReplicaSpec, simulate_cluster
+from roseinfer.simulator.cluster import ReplicaSpec, simulate_cluster
 from roseinfer.simulator.engine import simulate
+from roseinfer.simulator.setup import MAX_REPLICAS
 
 ROUTER_KEYS = ("router", "router_args", "router_staleness_s")
 BACKENDS = ("auto", "serial", "ray")

@@ -292,14 +292,45 @@ def _stats_ms(metric: str, values_ms: np.ndarray, percentiles: Sequence[float]) 
     if values.size == 0:
         nan_keys = [f"mean_{metric}_ms", f"median_{metric}_ms", f"std_{metric}_ms", *keys]
         return dict.fromkeys(nan_keys, math.nan)
-    # One percentile call: it partitions once for all quantiles (fast on 4M ITLs).
-    median, *quantiles = np.percentile(values, [50, *percentiles])
+    median, *quantiles = linear_percentiles(values, [50, *percentiles])
     out: Summary = {
         f"mean_{metric}_ms": float(values.mean()),
         f"median_{metric}_ms": float(median),
         f"std_{metric}_ms": float(values.std()),
     }
-    out.update(zip(keys, map(float, quantiles)))
+    out.update(zip(keys, quantiles))
+    return out
+
+
+def linear_percentiles(values: np.ndarray, percentiles: Sequence[float]) -> list[float]:
+    """``np.percentile(values, percentiles)`` (its default ``linear`` method,
+    Hyndman & Fan's definition 7) to the bit, without importing ``numpy.ma``,
+    which ``np.percentile`` does on first use (10-25 ms, a tenth of a short
+    simulation's summary).
+
+    Args:
+        values: 1-D float array without NaNs, at least one value; partially
+            sorted in place (one ``np.partition`` for all percentiles, fast on
+            4M ITLs).
+        percentiles: each in [0, 100].
+
+    Returns:
+        One float per percentile, in the order given.
+    """
+    last = values.size - 1
+    spots = []
+    for p in percentiles:
+        virtual = last * (p / 100)  # numpy: (n - 1) * (q / 100), both in float64
+        lo = min(math.floor(virtual), last)
+        spots.append((virtual, lo, min(lo + 1, last)))
+    # numpy's own pivots (the ends too), so equal values (0.0 and -0.0) land alike
+    values.partition(sorted({0, last, *(i for _, lo, hi in spots for i in (lo, hi))}))
+    out = []
+    for virtual, lo, hi in spots:
+        a, b = float(values[lo]), float(values[hi])
+        gamma = virtual - lo if virtual < last else virtual + 1  # numpy: index -1 there
+        diff = b - a  # numpy's _lerp, both branches
+        out.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
     return out
 
 

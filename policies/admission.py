@@ -72,12 +72,12 @@ class Pack(AdmissionPolicy):
         costs = [ctx.cost(seq) for seq in window]
         chosen = [False] * len(window)
         num_tokens = num_chosen = 0
-        for i in sorted(range(len(window)), key=lambda j: (costs[j], j)):
+        for cost, i in sorted(zip(costs, range(len(window)))):  # by (cost, arrival)
             if num_chosen >= budget.max_seqs:
                 break
-            if num_tokens + costs[i] <= budget.max_tokens:
+            if num_tokens + cost <= budget.max_tokens:
                 chosen[i] = True
-                num_tokens += costs[i]
+                num_tokens += cost
                 num_chosen += 1
         if not num_chosen and window:  # nothing fits: the head alone
             return [head_choice(window[0], costs[0], budget, chunk_head)]

@@ -66,11 +66,6 @@ if TYPE_CHECKING:
 else:
     from roseinfer.metrics.lazy import pandas as pd
 
-MAX_REPLICAS = 4096
-"""Most replicas in one simulated cluster (the replica flags, a replica config's total, a
-sweep's replica axis): each keeps its own scheduler, KV pool and prefix cache, so 100,000
-took minutes and gigabytes before the first request; a larger fleet is a sweep of smaller ones."""
-
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:

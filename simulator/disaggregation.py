@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 else:
     from roseinfer.metrics.lazy import pandas as pd
 
-DEFAULT_KV_TRANSFER_LINK = "rdma-400g"
-"""Between the GPUs of two replicas: one 400 Gb/s RDMA NIC per GPU, as DGX H100
-nodes have (DistServe's testbed used InfiniBand too)."""
-
 
 def prefill_stage(request: Request) -> Request:
     """What the prefill replica serves: the prompt, sampling the first output token."""

@@ -31,10 +31,11 @@ from typing import Any
 from roseinfer.argtypes import clip
 from roseinfer.calibration.cost_model import CostModel, make_cost_model
 from roseinfer.config import MAX_NUM_KV_BLOCKS, SchedulerConfig
-from roseinfer.simulator.cluster import MAX_REPLICAS, ReplicaSpec
+from roseinfer.simulator.cluster import ReplicaSpec
 from roseinfer.simulator.setup import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
+    MAX_REPLICAS,
     KVPool,
     SetupError,
     default_num_kv_blocks,

@@ -38,6 +38,11 @@ DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_HARDWARE = "h100-sxm"
 """The hardware spec ``rose-sim`` simulates when none is named."""
 
+MAX_REPLICAS = 4096
+"""Most replicas in one simulated cluster (the replica flags, a replica config's total, a
+sweep's replica axis): each keeps its own scheduler, KV pool and prefix cache, so 100,000
+took minutes and gigabytes before the first request; a larger fleet is a sweep of smaller ones."""
+
 
 class SetupError(ValueError):
     """A setup that cannot be priced (the message names the setting and the fix)."""

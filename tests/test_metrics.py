@@ -599,3 +599,22 @@ def test_a_simulations_columns_summarise_as_its_dataframe(keep_token_times: bool
     flat = {**from_columns, "num_requests": 2, "rejected": 1}  # half rejected: a warning
     assert summary_warnings(flat, result.columns) == summary_warnings(flat, result.records)
     assert "most:" in summary_warnings(flat, result.columns)[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12),
+        min_size=1,
+        max_size=60,
+    ),
+    st.lists(st.floats(min_value=0, max_value=100), min_size=1, max_size=6),
+)
+def test_linear_percentiles_equal_numpy_to_the_bit(values: list[float], ps: list[float]) -> None:
+    """The summary's percentiles are numpy's default (linear) ones, bit for bit."""
+    from roseinfer.metrics.summary import linear_percentiles
+
+    ps = [50.0, 99.0, 0.0, 100.0, *ps]
+    want = np.percentile(np.array(values), ps).tolist()
+    got = linear_percentiles(np.array(values), ps)
+    assert [x.hex() for x in got] == [float(x).hex() for x in want]

@@ -128,6 +128,32 @@ def _with_policy(registry, admit) -> Scheduler:
     return make_scheduler(reg, policy="custom", prefill_max_tokens=8)
 
 
+def test_admission_sees_the_schedulers_facts_in_its_context_and_budget(registry) -> None:
+    """Every PolicyContext and Budget field holds what its name says (the
+    scheduler builds them positionally, for speed)."""
+    seen = []
+
+    def admit(self, waiting, budget, ctx):
+        seen.append((budget, ctx, [s.request.request_id for s in ctx.running]))
+        return [waiting[0]]
+
+    sched = _with_policy(registry, admit)  # prefill_max_tokens 8, 256 blocks of 4, 8 seats
+    sched.add_request(req(0, 6, 4), 0.0)
+    sched.update(sched.schedule(0.0), 1.0)
+    sched.add_request(req(1, 5, 4), 1.0)
+    sched.add_request(req(2, 5, 4), 1.0)
+    sched.schedule(2.5)
+    budget, ctx, running = seen[-1]
+    assert (budget.max_tokens, budget.max_seqs, budget.max_batched_tokens) == (8, 7, None)
+    assert budget.num_free_blocks == ctx.num_free_blocks == 256 - 2
+    assert (ctx.now_s, ctx.admission_round, ctx.num_running, ctx.num_waiting) == (2.5, 2, 1, 2)
+    assert (ctx.max_model_len, ctx.block_size, ctx.max_num_seqs, ctx.free_seats) == (
+        sched.config.max_model_len, 4, 8, 7,
+    )  # fmt: skip
+    assert running == ["r0"]
+    assert ctx.cost(sched.waiting[0]) == 5
+
+
 @pytest.mark.parametrize(
     "admit, message",
     [

