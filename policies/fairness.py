@@ -41,7 +41,8 @@ class VirtualTokenCounter(AdmissionPolicy):
     ``w_p`` x its uncached prompt within the round. A tenant that becomes
     backlogged again has its counter lifted to the smallest counter among the
     backlogged tenants (or, with none, to the counter of the last tenant that
-    left the backlog), so idle time banks no credit. Requests without a tenant
+    left the backlog; of several that left in one round, the largest), so idle
+    time banks no credit. Requests without a tenant
     form one tenant. Recompute after a preemption is service received, and
     counted. Bound (the paper's Theorem 4.3): two continuously backlogged
     tenants' service differs by at most ``2 * (w_p * L_in + w_q * M)``, with
@@ -97,8 +98,9 @@ class VirtualTokenCounter(AdmissionPolicy):
     def _lift(self, queues: dict[Tenant, list[Seq]]) -> None:
         """The paper's counter lift for tenants that (re)join the backlog."""
         now = set(queues)
-        for left in self._backlogged - now:
-            self._last_left = self.counters.get(left, 0.0)
+        left = self._backlogged - now
+        if left:  # several at once: the largest counter (set order varies with PYTHONHASHSEED)
+            self._last_left = max(self.counters.get(t, 0.0) for t in left)
         joined = now - self._backlogged
         if joined:
             stayed = [self.counters.get(t, 0.0) for t in now & self._backlogged]

@@ -34,7 +34,7 @@ def preempt_for(
     if not ctx.running:
         return []
     seats, free = ctx.free_seats, ctx.num_free_blocks
-    if seats >= len(waiting) and sum(-(-ctx.cost(s) // ctx.block_size) for s in waiting) <= free:
+    if seats >= len(waiting) and _blocks_needed(waiting, ctx) <= free:
         return []  # a seat and blocks for every waiting request: no victim in any rank order
     pool: list[Seq] | None = None  # the running set, worst first: sorted when first needed
     victims: list[Seq] = []
@@ -52,3 +52,12 @@ def preempt_for(
         seats -= 1
         free -= need
     return victims
+
+
+def _blocks_needed(waiting: Sequence[Seq], ctx: PolicyContext) -> int:
+    """KV blocks of the uncached tokens of every waiting request (asked once per
+    round of a preempting policy: a loop, not a generator, costs less)."""
+    cost, block_size, need = ctx.cost, ctx.block_size, 0
+    for seq in waiting:
+        need += -(-cost(seq) // block_size)
+    return need

@@ -187,11 +187,17 @@ def checked_named(
         status_of: a sequence's state as the engine knows it (default ``seq.status``;
             inside vLLM the vLLM request's state is the truth).
 
+    Returns:
+        A new list of those sequences, in the answer's order (never the
+        answer itself, which the plugin may keep and return again).
+
     Raises:
         PolicyError: naming the plugin and what is wrong.
     """
     if not isinstance(answer, list):
         raise PolicyError(f"{where} {what} returned {type(answer).__name__}, expected a list")
+    if not answer:  # the usual answer: a new list, as below
+        return []
     state, verb = _STATE[what], f"asked to {what}"
     seen: set[int] = set()
     for given in answer:
@@ -201,7 +207,7 @@ def checked_named(
         seen.add(seq.seq_id)
         if (status_of(seq) if status_of else seq.status) is not state:
             raise PolicyError(f"{where} asked to {what} {seq!r}, which is not {state.value}")
-    return answer
+    return list(answer)  # the engine's own: it appends to it, the plugin may keep its list
 
 
 def checked_scores(scores: object, num_candidates: int, *, where: str) -> list[float]:

@@ -8,6 +8,7 @@ from roseinfer.records cimport StepLog
 from roseinfer.sequence cimport Sequence
 
 cdef object _PREFILL, _DECODE, _WAITING, _RUNNING, _FINISHED
+cdef tuple _PREFILL_ONLY, _DECODE_ONLY
 
 @cython.final
 cdef class ScheduledSeq:
@@ -83,6 +84,8 @@ cdef class Scheduler:
     cpdef SchedulerOutput schedule(self, double now_s)
     @cython.locals(refilled=bint, out=SchedulerOutput, preempted=list)
     cpdef SchedulerOutput _schedule(self, double now_s)
+    @cython.locals(has_decodes=bint)
+    cpdef tuple _iteration_phases(self, double now_s)
     cpdef Py_ssize_t _free_seats(self) except? -1
     cpdef bint _has_prefill_work(self) except -1
     cpdef Py_ssize_t _cost(self, Sequence seq) except? -1

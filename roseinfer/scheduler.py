@@ -260,6 +260,7 @@ class _StepTokens:
 # NOTE: module constants, read on every step (an enum member lookup costs an
 # attribute lookup on its class; these are C globals in the compiled core)
 _PREFILL, _DECODE = Phase.PREFILL, Phase.DECODE
+_PREFILL_ONLY, _DECODE_ONLY = (_PREFILL,), (_DECODE,)
 _WAITING, _RUNNING, _FINISHED = SeqStatus.WAITING, SeqStatus.RUNNING, SeqStatus.FINISHED
 
 
@@ -456,7 +457,7 @@ class Scheduler:
                 refilled = True
                 continue
             out = self._plan(phases.popleft(), now_s)
-            if not out.is_empty:
+            if out.decodes or out.prefills:  # not out.is_empty, read as typed fields
                 out.preempted[:0] = preempted
                 return out
             preempted += out.preempted
@@ -464,9 +465,9 @@ class Scheduler:
         # admit, or decode phases whose only decode was preempted): run the work
         # that is left, so running requests never idle.
         if self.decoding:
-            fallback: Phase | None = Phase.DECODE
+            fallback: Phase | None = _DECODE
         else:
-            fallback = Phase.PREFILL if self._has_prefill_work() else None
+            fallback = _PREFILL if self._has_prefill_work() else None
         if fallback is not None:
             out = self._plan(fallback, now_s)
             out.preempted[:0] = preempted
@@ -478,9 +479,9 @@ class Scheduler:
     def _iteration_phases(self, now_s: float) -> tuple[Phase, ...]:
         has_decodes = bool(self.decoding)
         if not self._has_prefill_work():
-            return (Phase.DECODE,) if has_decodes else ()
+            return _DECODE_ONLY if has_decodes else ()
         if not has_decodes:
-            return (Phase.PREFILL,)
+            return _PREFILL_ONLY
         if self._fixed_order is not None:
             return self._fixed_order
         return self._checked_phases(self.policy.order(self._context(now_s)), "returned")

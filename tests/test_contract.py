@@ -122,6 +122,25 @@ def test_scheduler_and_vllm_bridge_refuse_the_same_answers_alike(hook, answer, e
     assert re.search(expected, from_bridge), from_bridge
 
 
+@pytest.mark.parametrize("num_named", [0, 1, 2])
+def test_a_checked_preempt_answer_is_a_new_list(num_named: int) -> None:
+    """The engine appends to the victims it gets; a plugin that keeps and returns
+    the same list (an empty constant, say) must never see it change."""
+    seqs = [VllmSeq(i, make_request(f"r{i}", arrival_time_s=0, num_prompt_tokens=4,
+                                    max_tokens=8, prompt_token_ids=None, priority=0,
+                                    extra_args=None, ignore_eos=True), vllm_request=None)
+            for i in range(2)]  # fmt: skip
+    for seq in seqs:
+        seq.status = SeqStatus.RUNNING
+    kept = seqs[:num_named]
+    got = contract.checked_named(
+        kept, live={s.request_id: s for s in seqs}, where="policy 'p'", what="preempt"
+    )
+    assert got == kept and got is not kept
+    got.append(seqs[0])
+    assert len(kept) == num_named
+
+
 def test_the_contract_is_written_once() -> None:
     """Before: the vLLM bridge re-implemented the scheduler's checks (about 110 lines,
     identical messages) and its own copy of the read-only view."""

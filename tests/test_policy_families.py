@@ -268,3 +268,18 @@ def test_every_family_runs_from_the_cli(monkeypatch, capsys, args) -> None:
     code, out = rose_sim(monkeypatch, capsys, *args)
     assert code == 0, out.err
     assert "Successful requests:" in out.out
+
+
+def test_vtc_lifts_a_newcomer_to_the_largest_counter_of_those_that_left_together() -> None:
+    """Several tenants leaving the backlog in one round leave the largest of their
+    counters as the floor (not whichever a set happens to yield last: that order
+    changes with PYTHONHASHSEED, so runs were not reproducible)."""
+    from roseinfer.policies.fairness import VirtualTokenCounter
+
+    vtc = VirtualTokenCounter()
+    tenants = [f"tenant-{i}" for i in range(8)]
+    vtc.counters = {t: float(i) for i, t in enumerate(tenants)}
+    vtc._lift({t: [] for t in tenants})  # all backlogged
+    vtc._lift({})  # all leave in one round
+    vtc._lift({"newcomer": []})
+    assert vtc.counters["newcomer"] == 7.0
