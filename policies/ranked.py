@@ -55,8 +55,7 @@ def preempt_for(
 
 
 def _blocks_needed(waiting: Sequence[Seq], ctx: PolicyContext) -> int:
-    """KV blocks of the uncached tokens of every waiting request (asked once per
-    round of a preempting policy: a loop, not a generator, costs less)."""
+    """KV blocks of the uncached tokens of every waiting request."""
     cost, block_size, need = ctx.cost, ctx.block_size, 0
     for seq in waiting:
         need += -(-cost(seq) // block_size)

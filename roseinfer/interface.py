@@ -398,8 +398,7 @@ class AdmissionPolicy:
     def opt(self, name: str) -> Any:
         """The value of the declared option ``name`` (its default when not given),
         converted on the first read and kept: the options of an instance never
-        change, and ``admit`` reads its knobs every admission round (converting
-        them each time cost ``pack`` 5% of a simulation).
+        change, and ``admit`` reads its knobs every admission round.
 
         Raises:
             KeyError: if this class declares no such option.
