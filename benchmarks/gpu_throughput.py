@@ -364,7 +364,11 @@ def bench_backend(loaded, backend, args, loads, floor, max_model_len):
                                        floor_s, floor_s))  # fmt: skip
         if name == "a":
             notes.append(f"{system} on (a): {planning_share(timings)}")
-        print(f"  {name} {system}: {result.duration_s:.1f} s", file=sys.stderr, flush=True)
+        gc, slowest = result.gc, max((t.host_s + t.prepare_s + t.forward_s for t in timings),
+                                     default=0.0)  # fmt: skip
+        print(f"  {name} {system}: {result.duration_s:.1f} s; slowest step {slowest * 1e3:.0f} ms; "
+              f"{gc.full_collections} full collections, longest pause {gc.max_s * 1e3:.0f} ms",
+              file=sys.stderr, flush=True)  # fmt: skip
     steps = step_rows(runner, args, floor)
     if args.kernel_table and runner.graphs is None:
         kernel_tables(runner, args)

@@ -129,6 +129,7 @@ def _run(args: argparse.Namespace, registry: Registry, options: PolicyOptions) -
         **policy_facts(config, registry), **runner_facts(runner, built.pool),
         **_run_facts(result, config, loaded.device, built.warmup_s),
     }  # fmt: skip
+    warn_stalls(extra, warn_to(PROG))
     title = f"{PROG}: {result.policy} | {workload_name} | {args.model} on {loaded.device} ({dtype})"
     report(args, records, duration_s=result.duration_s, title=title, extra=extra)
 
@@ -136,10 +137,11 @@ def _run(args: argparse.Namespace, registry: Registry, options: PolicyOptions) -
 def _run_facts(
     result: RunResult, config: SchedulerConfig, device: torch.device, warmup_s: float
 ) -> dict[str, Any]:
-    """What the run measured beyond the records: pool peak, memory, steps, threads."""
+    """What the run measured beyond the records: pool peak, memory, steps, threads,
+    the collector's pauses and the CUDA allocator's retries (the causes of a stalled step)."""
     import torch  # noqa: F811 - loaded by now
 
-    from roseinfer.executor.builder import peak_memory_gb
+    from roseinfer.executor.builder import allocator_retries, peak_memory_gb
     from roseinfer.kv_tiers import kv_tier_summary
 
     return {
@@ -150,7 +152,28 @@ def _run_facts(
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "warmup_s": warmup_s,
+        **result.gc.facts(),
+        "cuda_alloc_retries": allocator_retries(device),
     }
+
+
+GC_PAUSE_WARN_S = 0.05  # a pause this long moves a step's time past its noise
+
+
+def warn_stalls(facts: dict[str, Any], warn: Callable[[str], None]) -> None:
+    """Say when something outside the model stalled steps of the run: a garbage
+    collection of at least :data:`GC_PAUSE_WARN_S`, or CUDA allocator retries."""
+    if facts["gc_pause_max_s"] >= GC_PAUSE_WARN_S:
+        warn(
+            f"a garbage collection paused the run for {facts['gc_pause_max_s'] * 1e3:.0f} ms "
+            f"({facts['gc_full_collections']} full collections, "
+            f"{facts['gc_pause_s'] * 1e3:.0f} ms in all); the steps it fell in are that much longer"
+        )
+    if facts["cuda_alloc_retries"]:
+        warn(
+            f"the CUDA allocator retried {facts['cuda_alloc_retries']} allocations after freeing "
+            "its cache, which stalls a step each time; lower --gpu-memory-utilization"
+        )
 
 
 def _replay(engine: Engine, requests: list[Request], *, show: bool) -> RunResult:

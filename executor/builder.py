@@ -585,6 +585,17 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def allocator_retries(device: torch.device) -> int | None:
+    """CUDA's caching allocator: allocations that failed and were retried after it
+    released its cached blocks (``num_alloc_retries`` of ``torch.cuda.memory_stats``).
+    Each retry synchronizes the device and frees memory back to the driver, so a
+    step that makes one stalls; none is expected when the KV pool is sized by the
+    memory planner. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
+
 def fit_requests(
     requests: Sequence[Request], max_model_len: int, vocab_size: int, fit_mode: str, seed: int
 ) -> tuple[list[Request], str, str]:

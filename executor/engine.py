@@ -20,6 +20,7 @@ import torch
 
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, drive, step_once
+from roseinfer.executor.gc_watch import GcPauses, GcWatch, frozen_heap
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 from roseinfer.executor.validation import check_request
 from roseinfer.records import RecordBuilder
@@ -73,6 +74,7 @@ class RunResult:
     policy: str
     wall_s: float
     timings: list[StepTiming] = field(default_factory=list)
+    gc: GcPauses = field(default_factory=GcPauses)
 
     @property
     def duration_s(self) -> float:
@@ -384,6 +386,11 @@ class Engine:
         released at its arrival time on the real clock (the engine's t=0 is the
         start of the run) and seen at the first step boundary after it.
 
+        The heap that exists before the run is frozen for its duration
+        (:func:`~roseinfer.executor.gc_watch.frozen_heap`), so a full collection
+        does not walk the model and libraries in the middle of a step, and the
+        collections the run still makes are counted in ``RunResult.gc``.
+
         Args:
             progress: called with the number of requests that ended in each step.
 
@@ -395,11 +402,24 @@ class Engine:
         """
         if self.scheduler.num_submitted:
             raise RuntimeError("Engine.run replays a whole workload once; make a new Engine")
-        start = time.perf_counter()
         reqs = sorted(requests, key=lambda r: r.arrival_time_s)
         for request in reqs:
             self.check_request(request)
-        self.t0 = self._clock()
+        with frozen_heap(), GcWatch() as watch:
+            start = time.perf_counter()
+            self.t0 = self._clock()
+            self._drive(reqs, progress)
+        return RunResult(
+            records=self.records.frame(),
+            scheduler=self.scheduler,
+            policy=self.policy.label,
+            wall_s=time.perf_counter() - start,
+            timings=self.timings,
+            gc=watch.pauses(),
+        )
+
+    def _drive(self, reqs: list[Request], progress: Callable[[int], None] | None) -> None:
+        """The drive loop over ``reqs`` (sorted by arrival), recording ended requests."""
 
         def ended(seqs: list[Seq]) -> None:
             self.records.extend(seqs, self.scheduler.step_log)
@@ -410,10 +430,3 @@ class Engine:
 
         drive(self.scheduler, reqs, self, self, ended, self.on_step)
         self.scheduler.check_invariants()
-        return RunResult(
-            records=self.records.frame(),
-            scheduler=self.scheduler,
-            policy=self.policy.label,
-            wall_s=time.perf_counter() - start,
-            timings=self.timings,
-        )

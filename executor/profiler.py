@@ -51,6 +51,7 @@ from roseinfer.executor.facts import (
     environment_facts,
     executor_facts,
 )
+from roseinfer.executor.gc_watch import frozen_heap
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 from roseinfer.executor.warmup import scratch_inputs, warm_up
 from roseinfer.records import RecordBuilder
@@ -137,10 +138,11 @@ def time_grid(
     for kind, seqs in shapes:
         points.append(_make_point(kind, seqs, runner, offset))
         offset = (offset + sum(-(-c // runner.block_size) for _, c in seqs)) % runner.num_kv_blocks
-    _timed_passes(runner, points, repetitions + 1, rng, progress, keep_first=False)
-    unsteady = [p for p in points if max(p.times_s) > RETRY_SPREAD * min(p.times_s)]
-    if unsteady:
-        _timed_passes(runner, unsteady, repetitions, rng, progress, keep_first=True)
+    with frozen_heap():
+        _timed_passes(runner, points, repetitions + 1, rng, progress, keep_first=False)
+        unsteady = [p for p in points if max(p.times_s) > RETRY_SPREAD * min(p.times_s)]
+        if unsteady:
+            _timed_passes(runner, unsteady, repetitions, rng, progress, keep_first=True)
     return [(p.kind, p.seqs, p.times_s) for p in points]
 
 

@@ -102,5 +102,6 @@ class ExecutorReplay:
             "wall_s": result.wall_s,
             "num_steps": result.scheduler.step_log.num_steps,
             "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            **result.gc.facts(),
         }
         return RunOutput(result.records, result.duration_s, info, recorder.records)

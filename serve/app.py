@@ -12,8 +12,8 @@ As a public endpoint: a body over ``max_request_bytes`` is refused (413) before
 or while it arrives, a body must arrive within ``timeout_request_body_s`` (408), and
 JSON decoding, checking and tokenizing run on one parser thread, never on the
 event loop, with the garbage collector paused (:func:`roseinfer.serve.protocol.parse_body`)
-and the heap built before serving frozen (:func:`freeze_startup_heap`), so one
-large request cannot stall ``/health`` or other streams. Every error is OpenAI's
+and the heap built before serving frozen (:func:`roseinfer.executor.gc_watch.freeze_heap`),
+so one large request cannot stall ``/health`` or other streams. Every error is OpenAI's
 JSON error object; none carries a traceback. Every answer to a completion route
 is counted once in ``/metrics`` (``roseinfer_requests_total`` by outcome).
 If the engine fails, bodies still arriving are answered 503 at once, so the
@@ -29,7 +29,6 @@ count), answering more with a JSON 503 that ``/metrics`` counts.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +44,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from roseinfer.executor.gc_watch import freeze_heap
 from roseinfer.executor.streaming import (
     EngineClosedError,
     QueueFullError,
@@ -329,7 +329,7 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        freeze_startup_heap()
+        freeze_heap()  # the model, torch and transformers: ~450,000 objects
         _notify_engine_end(state)
         yield
         await asyncio.to_thread(state.engine.close)
@@ -367,19 +367,6 @@ def _error_handlers(app: FastAPI) -> None:
     async def server_error(request: Request, err: Exception) -> Response:
         # NOTE: the body says nothing of the server; Starlette re-raises, so the log keeps it
         return _error_response(ApiError(500, "internal server error"))
-
-
-def freeze_startup_heap() -> None:
-    """Collect garbage once, then move every object alive now (the model, torch,
-    transformers: about 450,000 objects) to the collector's permanent generation
-    (``gc.freeze``), where full collections no longer walk them.
-
-    Called when serving starts, after the model is built and warmed up. Before,
-    each full collection walked them all: 0.3-1.0 s with the GIL held (2-core CPU),
-    set off by any burst of allocations such as decoding a large body.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def _notify_engine_end(state: ServerState) -> None:
