@@ -12,7 +12,7 @@ As a public endpoint: a body over ``max_request_bytes`` is refused (413) before
 or while it arrives, a body must arrive within ``timeout_request_body_s`` (408), and
 JSON decoding, checking and tokenizing run on one parser thread, never on the
 event loop, with the garbage collector paused (:func:`roseinfer.serve.protocol.parse_body`)
-and the heap built before serving frozen (:func:`roseinfer.executor.gc_watch.freeze_heap`),
+and the heap built before serving frozen (:func:`roseinfer.executor.gc_watch.frozen_heap`),
 so one large request cannot stall ``/health`` or other streams. Every error is OpenAI's
 JSON error object; none carries a traceback. Every answer to a completion route
 is counted once in ``/metrics`` (``roseinfer_requests_total`` by outcome).
@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from roseinfer.executor.gc_watch import freeze_heap
+from roseinfer.executor.gc_watch import frozen_heap
 from roseinfer.executor.streaming import (
     EngineClosedError,
     QueueFullError,
@@ -329,9 +329,11 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        freeze_heap()  # the model, torch and transformers: ~450,000 objects
-        _notify_engine_end(state)
-        yield
+        # NOTE: thawed when serving ends, else the frozen objects outlive the interpreter's
+        # last collection and native extensions (Triton's) report them as leaks at exit
+        with frozen_heap():  # the model, torch and transformers: ~450,000 objects
+            _notify_engine_end(state)
+            yield
         await asyncio.to_thread(state.engine.close)
         state.parser.shutdown(wait=False, cancel_futures=True)
         if on_shutdown is not None:

@@ -3,8 +3,12 @@ the server's run until shutdown with its exit status (``rose-serve``'s library).
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,9 +41,39 @@ def check_listen(host: str, port: int) -> None:
         ) from None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def _stop_signals_recorded(server: Any, stopped_by: list[int]) -> Iterator[None]:
+    """Record SIGINT and SIGTERM (and ask ``server`` to exit) while open, in the main
+    thread; elsewhere do nothing (signals reach only the main thread).
+
+    uvicorn shuts down gracefully on these signals, then puts back the handlers it
+    found and raises the signal again for them (uvicorn 0.29+, ``capture_signals``):
+    with Python's defaults a Ctrl-C that had already stopped the server cleanly
+    became a KeyboardInterrupt (``rose-serve: error: interrupted``, status 2), and a
+    SIGTERM killed the process (status 143) after its records were saved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def record(sig: int, frame: Any) -> None:
+        stopped_by.append(sig)
+        server.should_exit = True  # before uvicorn's own handlers are set, or after
+
+    previous = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_server(server: Any, se: StreamingEngine) -> int:
-    """Serve until shutdown; returns the exit status: 0, or 1 when the engine failed
-    (after one ``rose-serve: error:`` line).
+    """Serve until shutdown; returns the exit status: 0 (also when stopped by SIGINT
+    or SIGTERM, after one ``rose-serve: stopped by SIG...`` line), or 1 when the
+    engine failed (after one ``rose-serve: error:`` line).
 
     Args:
         server: a ``uvicorn.Server`` over the app serving ``se``.
@@ -55,9 +89,14 @@ def run_server(server: Any, se: StreamingEngine) -> int:
         server.should_exit = True
 
     se.on_fatal = stop
-    server.run()
+    stopped_by: list[int] = []
+    with _stop_signals_recorded(server, stopped_by):
+        server.run()
     err = se.error
     if err is None:
+        if stopped_by:
+            name = signal.Signals(stopped_by[0]).name
+            print(f"rose-serve: stopped by {name}", file=sys.stderr, flush=True)
         return 0
     message = " ".join(f"{type(err).__name__}: {err}".splitlines())
     print(
