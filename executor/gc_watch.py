@@ -1,12 +1,11 @@
 """The garbage collector during a timed run: the start-up heap frozen, pauses counted.
 
 A process that has built a model holds hundreds of thousands of container objects
-(torch, transformers, Triton, the model's modules: 526,620 after a gpt2-4l
-``rose-run`` on the CPU). CPython's full (generation 2) collection walks all of
-them with the GIL held, and it starts by itself whenever enough new objects
-survive. In a run, one such collection stalls one step: 0.24 s on this project's
-2-core CPU VM in a 2,000-request tiny-llama ``rose-run`` (timed with
-``gc.callbacks``). In a server it stalls every stream and ``/health`` (0.3-1.0 s,
+(torch, transformers, Triton, the model's modules). CPython's full (generation 2)
+collection walks all of them with the GIL held, and it starts by itself whenever
+enough new objects survive. In a run, one such collection stalls one step:
+256-280 ms in a 2,000-request tiny-llama ``rose-run`` on this project's 2-core
+CPU VM (``benchmarks/gc_pauses.py``). In a server it stalls every stream and ``/health`` (0.3-1.0 s,
 set off by a burst of allocations such as decoding a large body). A lone 397 ms
 graphed decode step in an H200 run was of that size; its cause was not confirmed.
 
@@ -28,23 +27,18 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def freeze_heap() -> None:
-    """Collect garbage once, then move every object alive now to the collector's
-    permanent generation (``gc.freeze``), which later collections do not walk.
-
-    Frozen objects are still freed when their reference count drops to zero; only
-    cycles among them wait for ``gc.unfreeze``."""
-    gc.collect()
-    gc.freeze()
-
-
 @contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Freeze the heap (:func:`freeze_heap`) for the ``with`` body, then unfreeze it
-    if it was not frozen before (a caller that froze first, such as a server, keeps
-    its freeze)."""
+    """For the ``with`` body: collect garbage once, then move every object alive now
+    to the collector's permanent generation (``gc.freeze``), which later collections
+    do not walk; afterwards unfreeze, unless the heap was frozen before (a caller
+    that froze first keeps its freeze).
+
+    Frozen objects are still freed when their reference count drops to zero; only
+    cycles among them wait for the unfreeze."""
     was_frozen = gc.get_freeze_count() > 0
-    freeze_heap()
+    gc.collect()
+    gc.freeze()
     try:
         yield
     finally:

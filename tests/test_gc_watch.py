@@ -1,8 +1,8 @@
 """A timed run freezes the heap built before it and counts the collector's pauses.
 
 Before: a full collection in the middle of a run walked the model, torch and
-transformers (over 500,000 objects) with the GIL held, stalling one step by
-0.24 s in a 2,000-request tiny-llama run on the CPU, and nothing said so.
+transformers with the GIL held, stalling one step by 256-280 ms in a 2,000-request
+tiny-llama run on the CPU (``benchmarks/gc_pauses.py``), and nothing said so.
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def requests(n: int = 3) -> list[Request]:
 
 @pytest.fixture
 def unfrozen():
-    """Each test starts and ends with nothing frozen (a server test may freeze the
-    process for good)."""
+    """Each test starts and ends with nothing frozen, whatever ran before it."""
     gc.unfreeze()
     yield
     gc.unfreeze()
