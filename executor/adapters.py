@@ -64,18 +64,23 @@ class ModelAdapter:
         """Per-forward position data shared by all layers (RoPE cos/sin)."""
         return None
 
-    def qkv(self, layer_idx: int, hidden: torch.Tensor, pos_ctx: Any):
-        """Hidden ``[T, hidden]`` -> q ``[T, num_heads, head_dim]``, k and v
-        ``[T, num_kv_heads, head_dim]``, positions applied."""
+    def qkv(self, layer_idx: int, hidden: Any, pos_ctx: Any):
+        """Hidden ``[T, hidden]`` (or what the previous :meth:`finish_layer`
+        returned) -> q ``[T, num_heads, head_dim]``, k and v ``[T, num_kv_heads,
+        head_dim]``, positions applied."""
         raise NotImplementedError
 
     def attn_scale(self, layer_idx: int) -> float:
         """Softmax scale of q.k in this layer."""
         return 1.0 / math.sqrt(self.shape.head_dim)
 
-    def finish_layer(self, layer_idx: int, hidden: torch.Tensor, attn: torch.Tensor):
+    def finish_layer(self, layer_idx: int, hidden: Any, attn: torch.Tensor):
         """Residual stream ``[T, hidden]`` plus attention output ``[T, num_heads *
-        head_dim]`` -> the layer's output ``[T, hidden]`` (o-proj, MLP, residuals)."""
+        head_dim]`` -> the layer's output ``[T, hidden]`` (o-proj, MLP, residuals).
+
+        Between layers an adapter may hand on its own form of the output (the
+        fused Llama adapter leaves the last residual add to the next layer's
+        norm); the last layer's output is always the tensor."""
         raise NotImplementedError
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor import layer_kernels as kernels  # noqa: E402
 from roseinfer.executor.adapters import LlamaAdapter, _rope  # noqa: E402
-from roseinfer.executor.llama_fused import FusedLlamaAdapter, fuse_linears  # noqa: E402
+from roseinfer.executor.llama_fused import FusedLlamaAdapter, Unsummed, fuse_linears  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
 from roseinfer.executor.models import make_adapter  # noqa: E402
 
@@ -122,6 +122,27 @@ def test_fused_adapter_greedy_matches_generate(name):
         for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
             out.append(token)
     assert outs == expected
+
+
+def test_fused_adapter_leaves_each_residual_add_to_the_next_norm():
+    """Between layers the output is the unsummed pair; the next layer's qkv adds it
+    in place, and the last layer returns the summed tensor: both as the eager
+    adapter's layer output (outputs reach ~160 here, so atol 1e-3 is ~1e-5 relative)."""
+    model = tiny("tiny-llama").to(DEVICE)
+    fused, eager = FusedLlamaAdapter(model), LlamaAdapter(model)
+    hidden = rand(3, model.config.hidden_size)
+    attn = rand(3, fused.shape.num_heads * fused.shape.head_dim, seed=2)
+    last_layer = fused.shape.num_layers - 1
+    first = fused.finish_layer(0, hidden.clone(), attn)
+    assert isinstance(first, Unsummed)
+    expected = eager.finish_layer(0, hidden.clone(), attn)
+    positions = torch.arange(3, device=DEVICE)
+    fused.qkv(last_layer, first, fused.position_context(positions, torch.float32))
+    torch.testing.assert_close(first.mlp_out, expected, rtol=1e-5, atol=1e-3)
+    last = fused.finish_layer(last_layer, first, attn)
+    assert isinstance(last, torch.Tensor)
+    ref_last = eager.finish_layer(last_layer, expected, attn)
+    torch.testing.assert_close(last, ref_last, rtol=1e-5, atol=1e-3)
 
 
 def test_fused_is_the_cuda_default_and_never_for_gpt2():
