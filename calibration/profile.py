@@ -73,6 +73,7 @@ from roseinfer.calibration.roofline_fit import (
 )
 from roseinfer.calibration.specs import DeviceSpec, ModelSpec
 from roseinfer.calibration.step_model import (
+    STEP_LOG_MODEL,
     HeldOutError,
     InterpolatedStepModel,
     LinearStepModel,
@@ -174,8 +175,10 @@ class Profile:
         seed: int = 0,
         overhead_samples: Sequence[OverheadSample] = (),
         extra: dict[str, Any] | None = None,
+        use: str | None = None,
     ) -> Profile:
-        """Fit both models to freshly measured ``samples`` (see the module doc).
+        """Fit both models to freshly measured ``samples`` (see the module doc);
+        ``use`` is :func:`fit_step_model`'s.
 
         Raises:
             ProfileError: with fewer than 10 samples.
@@ -187,7 +190,7 @@ class Profile:
             executor=dict(executor),
             environment=dict(environment),
             samples=samples,
-            step_fit=fit_step_model(samples, seed),
+            step_fit=fit_step_model(samples, seed, use),
             roofline=None
             if model_spec is None
             else calibrate_roofline(model_spec, samples, base_device, seed, overhead_samples),
@@ -475,7 +478,7 @@ def cost_model_from_steps(
         ProfileError: with fewer than 10 steps.
     """
     samples = step_samples(records)
-    fit = fit_step_model(samples, seed)
+    fit = fit_step_model(samples, seed, STEP_LOG_MODEL)
     held_out = fit.held_out.get(fit.model.name)
     return ProfiledCostModel(fit.model, label, held_out, sample_range=SampleRange.of(samples))
 
@@ -521,4 +524,5 @@ def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
         seed=seed,
         overhead_samples=[o for p in profiles for o in p.overhead_samples],
         extra={"sources": sources, "num_logged_steps": sum(len(g.records) for g in logs)},
+        use=None if profiles else STEP_LOG_MODEL,  # a profile's grid: the held-out rule
     )

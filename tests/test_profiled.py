@@ -98,6 +98,16 @@ def test_fit_recovers_a_linear_step_cost_and_reports_held_out_error():
         )
 
 
+def test_a_used_candidate_is_kept_whatever_the_held_out_scores():
+    samples = samples_from(linear_price)
+    plain, used = fit_step_model(samples), fit_step_model(samples, use="interp")
+    assert plain.model.name in ("linear", "hinge")  # exact linear data: the basis wins
+    assert used.model.name == "interp" and used.held_out.keys() == plain.held_out.keys()
+    assert "interp, as step logs use" in used.to_json()["selection"]
+    with pytest.raises(ValueError, match="use must be one of"):
+        fit_step_model(samples, use="spline")
+
+
 def test_hinge_fit_follows_a_roofline_bend():
     """A roofline (flat while weight-bound, then linear in tokens) has a knee the
     plain linear basis cannot follow; the hinge terms can."""

@@ -111,6 +111,7 @@ def test_calibration_from_a_log_fits_its_steps_and_keeps_the_setup(tmp_path):
         assert cost.step_time_s(s.shape) == pytest.approx(s.duration_s, rel=0.02)
     held_out = profile.step_fit.held_out[profile.step_fit.model.name]
     assert held_out.num_samples == 12 and held_out.median < 0.02
+    assert profile.step_fit.used == "interp" == profile.step_fit.model.name  # a step log's model
 
 
 def test_rose_sim_needs_a_model_shape_for_an_engine_log(tmp_path, monkeypatch, capsys):
