@@ -443,10 +443,9 @@ STEP_LOG_MODEL = "interp"
 A step log samples the shapes a real run took, densely (hundreds of steps), so the
 interpolation prices a logged shape by the mean of its own steps and a new shape
 from its neighbours, where a linear basis must bend one line through a GEMM's
-kernel choices (on a CPU 4-sequence decodes can cost less than 3). The held-out
-rule does not see this: a random 20% of a noisy run's steps scores every
-candidate mostly by the noise (the interpolation's median error was the lowest
-on every log below, its p90 often the highest). What counts is the simulation:
+kernel choices by row count. The held-out rule does not see this: a random 20%
+of a noisy run's steps scores every candidate mostly by the noise. What counts
+is the simulation:
 ``benchmarks/steplog_candidates.py --rounds 3`` (the 16-request GPT-2 runs of
 ``../shared/checks/11-fidelity-steplog``, fifo and pack/decode-first, on this
 project's 2-core VM) priced each run from its own log within a mean 1.0% (worst

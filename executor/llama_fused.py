@@ -117,7 +117,7 @@ class FusedLlamaAdapter(LlamaAdapter):
 
     def qkv(self, layer_idx, hidden, pos_ctx):
         weight = self.layers[layer_idx].input_layernorm.weight
-        if isinstance(hidden, Unsummed):  # the add the last layer left: into mlp_out
+        if isinstance(hidden, Unsummed):  # the previous layer's add, into mlp_out
             x = kernels.rms_norm(hidden.mlp_out, weight, self.eps[layer_idx], hidden.residual)
         else:
             x = kernels.rms_norm(hidden, weight, self.eps[layer_idx])
