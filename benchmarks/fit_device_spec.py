@@ -1,8 +1,9 @@
 """Fit a built-in device's roofline constants to steps measured on that device.
 
 Reads ``rose-run profile`` files and/or step logs (``--save-steps``) of at least
-two model shapes taken on one GPU, fits the plain roofline's ``mfu``,
-``bandwidth_efficiency`` and ``overhead_s`` of the built-in spec
+two model shapes taken on one GPU, fits the roofline's constants (``mfu``,
+``bandwidth_efficiency``, ``kv_bandwidth_efficiency``, ``overhead_s``,
+``overhead_per_seq_s``, ``eager_launch_s_per_layer``) of the built-in spec
 (``roseinfer.calibration.roofline_fit.fit_device_constants``), prices shapes
 left out of the fit (``--check``), prints the errors, writes ``--output``
 (JSON), and with ``--write-specs`` records the result in
@@ -37,7 +38,7 @@ from roseinfer.calibration.roofline_fit import (
     fit_device_constants,
     replace_measured_block,
 )
-from roseinfer.calibration.specs import DATASHEET_DEVICES, MEASURED, ModelSpec
+from roseinfer.calibration.specs import DATASHEET_DEVICES, MEASURED, DeviceSpec, ModelSpec
 
 SPECS_PY = Path(__file__).resolve().parents[1] / "calibration" / "specs.py"
 
@@ -100,6 +101,10 @@ def report_lines(fit: DeviceFit, base_name: str) -> list[str]:
         f"{base_name}: mfu {base.mfu:.3f} -> {d.mfu:.3f}, bandwidth efficiency "
         f"{base.bandwidth_efficiency:.3f} -> {d.bandwidth_efficiency:.3f}, overhead "
         f"{base.overhead_s * 1e3:.2f} -> {d.overhead_s * 1e3:.2f} ms ({fit.num_steps} steps)",
+        f"  KV bandwidth efficiency {_kv(base)} -> {_kv(d)}, per sequence "
+        f"{base.overhead_per_seq_s * 1e6:.2f} -> {d.overhead_per_seq_s * 1e6:.2f} us, eager "
+        f"launch per layer {base.eager_launch_s_per_layer * 1e3:.3f} -> "
+        f"{d.eager_launch_s_per_layer * 1e3:.3f} ms",
         f"  held-out step error (20% of the steps): median {fit.held_out.median:.1%}, "
         f"p90 {fit.held_out.p90:.1%}",
     ]
@@ -108,8 +113,17 @@ def report_lines(fit: DeviceFit, base_name: str) -> list[str]:
             lines.append(f"  {title} {name}: median {err.median:.1%}, p90 {err.p90:.1%}, "
                          f"max {err.max:.1%} over {err.num_samples} steps")  # fmt: skip
     if fit.clamped:
-        lines.append(f"  held at 1 (no step bound by it): {', '.join(fit.clamped)}")
+        lines.append(
+            f"  held at its bound of 1: {', '.join(fit.clamped)} (the steps do not pin it "
+            "down: no step was bound by it, or another constant trades off with it)"
+        )
     return lines
+
+
+def _kv(device: DeviceSpec) -> str:
+    """A spec's KV bandwidth efficiency, or what it falls back to."""
+    kv = device.kv_bandwidth_efficiency
+    return f"{kv:.3f}" if kv is not None else "(as weights)"
 
 
 def main() -> int:

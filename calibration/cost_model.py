@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from roseinfer.calibration.specs import (
+    MAX_GRAPH_BATCH_SIZE,
     DeviceSpec,
     LinkSpec,
     ModelSpec,
@@ -227,7 +228,8 @@ _SCALAR_RUN_STEPS = 12  # decode runs up to this long are priced step by step in
 
 
 class RooflineCostModel:
-    """Analytical roofline: ``max(FLOPs / achievable FLOP/s, bytes / achievable B/s) + overhead``.
+    """Analytical roofline: ``max(FLOPs / achievable FLOP/s, bytes / achievable B/s,
+    launch) + overhead``.
 
     One iteration is one forward pass over all its tokens; prefill and decode
     in the same batch add up in both FLOPs and bytes.
@@ -253,7 +255,18 @@ class RooflineCostModel:
         (they matter only for very large prefills, which are compute-bound
         anyway).
 
-    KV heads are replicated once ``tensor_parallel`` exceeds them.
+    KV heads are replicated once ``tensor_parallel`` exceeds them. KV bytes
+    move at the device's :attr:`~roseinfer.calibration.specs.DeviceSpec.achievable_kv_bandwidth`
+    (paged attention reaches less of the peak than streaming weights), weights
+    at its :attr:`~roseinfer.calibration.specs.DeviceSpec.achievable_bandwidth`.
+
+    Host time:
+      * ``overhead_s`` per step plus ``overhead_per_seq_s`` per sequence;
+      * launch: a step not replayed from a CUDA graph (any prefill token, or
+        more than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`
+        decodes) launches every layer's kernels from the host, so it takes at
+        least ``num_layers x eager_launch_s_per_layer``; the GPU works while
+        the host launches, so this is a third roof, not a sum.
 
     Communication (on the critical path, added to the step):
       * tensor parallelism: two all-reduces of the activations (``tokens x
@@ -323,6 +336,13 @@ class RooflineCostModel:
         self._achievable_bandwidth = device.achievable_bandwidth
         self._overhead_s = device.overhead_s
         self._kv_bytes_per_token = float(model.kv_bytes_per_token) / kv_shards
+        # KV bytes as the weight bytes that take as long (x 1.0, exactly, when the
+        # device has one memory roof: the same float arithmetic as before)
+        self._kv_priced_bytes_per_token = self._kv_bytes_per_token * (
+            device.achievable_bandwidth / device.achievable_kv_bandwidth
+        )
+        self._overhead_per_seq_s = device.overhead_per_seq_s
+        self._eager_launch_s = device.eager_launch_s_per_layer * model.num_layers
         self._comm_s, self._comm_s_per_token = self._communication()
 
     def _communication(self) -> tuple[float, float]:
@@ -342,15 +362,17 @@ class RooflineCostModel:
         return fixed, per_token
 
     def pricing_terms(self) -> tuple[float, ...]:
-        """The ten floats of one step's time, for a compiled pricing loop (the
+        """The twelve floats of one step's time, for a compiled pricing loop (the
         simulator's) that evaluates :meth:`_time_s`'s expression with them, in its
         order, bit for bit: FLOPs per token, per sequence and per attention pair,
-        achievable FLOP/s, weight bytes, KV bytes per token, achievable B/s,
-        overhead (s), communication s per step and s per token."""
+        achievable FLOP/s, weight bytes, KV bytes per token priced at the weights'
+        bandwidth, achievable B/s, overhead (s), communication s per step and s
+        per token, overhead s per sequence, launch s of an eager step."""
         return (
             self._flops_per_token, self._flops_per_seq, self._flops_per_attn_pair,
-            self._achievable_flops, self._weight_bytes, self._kv_bytes_per_token,
+            self._achievable_flops, self._weight_bytes, self._kv_priced_bytes_per_token,
             self._achievable_bandwidth, self._overhead_s, self._comm_s, self._comm_s_per_token,
+            self._overhead_per_seq_s, self._eager_launch_s,
         )  # fmt: skip
 
     def flops(self, shape: BatchShape) -> float:
@@ -364,9 +386,10 @@ class RooflineCostModel:
         return float(self._bytes(num_tokens, kv_read_tokens))
 
     def is_compute_bound(self, shape: BatchShape) -> bool:
-        """True when the FLOPs term dominates the bytes term."""
-        compute_s = self.flops(shape) / self.device.achievable_flops
-        return compute_s >= self.memory_bytes(shape) / self.device.achievable_bandwidth
+        """True when the FLOPs term dominates the memory term."""
+        num_tokens, num_seqs, attn_pairs, kv_read_tokens = self._aggregates(shape)
+        compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self._achievable_flops
+        return bool(compute_s >= self._memory_s(num_tokens, kv_read_tokens))
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds one iteration takes; 0.0 for an empty batch."""
@@ -423,8 +446,22 @@ class RooflineCostModel:
             f"{device.achievable_flops / 1e12:.3g} TFLOP/s (mfu {device.mfu:.2f}), "
             f"{device.achievable_bandwidth / 1e9:.4g} GB/s "
             f"(bw eff {device.bandwidth_efficiency:.2f}), "
-            f"overhead {device.overhead_s * 1e3:.2f} ms/step"
+            f"overhead {device.overhead_s * 1e3:.2f} ms/step{self._host_terms()}"
         )
+
+    def _host_terms(self) -> str:
+        """The measured specs' extra terms, for :meth:`describe` ("" when unset)."""
+        device, parts = self.device, []
+        if device.kv_bandwidth_efficiency is not None:
+            parts.append(
+                f"KV at {device.achievable_kv_bandwidth / 1e9:.4g} GB/s "
+                f"(eff {device.kv_bandwidth_efficiency:.2f})"
+            )
+        if device.overhead_per_seq_s:
+            parts.append(f"{device.overhead_per_seq_s * 1e6:.3g} us/seq")
+        if device.eager_launch_s_per_layer:
+            parts.append(f"eager steps >= {self._eager_launch_s * 1e3:.2f} ms (launches)")
+        return "".join(f", {part}" for part in parts)
 
     def __repr__(self) -> str:
         return f"RooflineCostModel({self.describe()})"
@@ -453,15 +490,32 @@ class RooflineCostModel:
         # KV written for every computed token, KV read for every context token.
         return self._weight_bytes + self._kv_bytes_per_token * (kv_read_tokens + num_tokens)
 
+    def _memory_s(self, num_tokens: _Num, kv_read_tokens: _Num) -> _Num:
+        kv_tokens = kv_read_tokens + num_tokens  # read every context token, write every new one
+        return (
+            self._weight_bytes + self._kv_priced_bytes_per_token * kv_tokens
+        ) / self._achievable_bandwidth
+
+    def _launch_s(self, num_tokens: float, num_seqs: float) -> float:
+        """Host launch roof: a step with a prefill token, or more decodes than a
+        CUDA graph holds, launches eagerly (a decode run's steps all share one
+        token and sequence count)."""
+        if num_tokens > num_seqs or num_seqs > MAX_GRAPH_BATCH_SIZE:
+            return self._eager_launch_s
+        return 0.0
+
     def _time_s(
         self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num, kv_read_tokens: _Num
     ) -> _Num:
         compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self._achievable_flops
-        memory_s = self._bytes(num_tokens, kv_read_tokens) / self._achievable_bandwidth
+        memory_s = self._memory_s(num_tokens, kv_read_tokens)
+        launch_s = self._launch_s(num_tokens, num_seqs)  # type: ignore[arg-type]
         comm_s = self._comm_s + self._comm_s_per_token * num_tokens
+        host_s = self._overhead_s + self._overhead_per_seq_s * num_seqs
         if isinstance(compute_s, float):  # NOTE: a ufunc call costs more than this step
-            return max(compute_s, memory_s) + self._overhead_s + comm_s  # type: ignore[type-var]
-        return np.maximum(compute_s, memory_s) + self._overhead_s + comm_s
+            roof_s = max(compute_s, memory_s, launch_s)  # type: ignore[type-var]
+            return roof_s + host_s + comm_s  # type: ignore[operator]
+        return np.maximum(np.maximum(compute_s, memory_s), launch_s) + host_s + comm_s
 
 
 def make_cost_model(

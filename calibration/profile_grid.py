@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from roseinfer.calibration.specs import MAX_GRAPH_BATCH_SIZE
+
 __all__ = [
     "MAX_GRAPH_BATCH_SIZE",
     "GridLimits",
@@ -51,7 +53,6 @@ Shape = tuple[str, list[tuple[int, int]]]
 ``decode`` or ``mixed``; a decode is ``(1, context)``; a prefill's context
 includes its new tokens."""
 
-MAX_GRAPH_BATCH_SIZE = 512  # vLLM v1's largest default capture size
 MIN_PREFILL_TOKENS = 2  # a 1-token chunk runs as a decode in the runner
 MULTI_PREFILL_TOKENS = (16, 64, 256)  # mean prompt lengths of multi-prompt prefill steps
 SHARED_PREFIX_BLOCKS = 3  # cached blocks in front of each prompt of a shared-prefix burst

@@ -11,7 +11,7 @@ architecture family at two depths), so a profile of one model prices
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
-from roseinfer.calibration.specs import DeviceSpec, Measurement, ModelSpec, Provenance
+from roseinfer.calibration.specs import (
+    MAX_GRAPH_BATCH_SIZE,
+    DeviceSpec,
+    Measurement,
+    ModelSpec,
+    Provenance,
+)
 from roseinfer.calibration.step_model import (
     HeldOutError,
     ProfileError,
@@ -443,15 +449,15 @@ class DeviceFit:
     model shapes (:func:`fit_device_constants`).
 
     Attributes:
-        device: the datasheet spec with the fitted ``mfu``,
-            ``bandwidth_efficiency`` and ``overhead_s`` (peaks unchanged).
-        held_out: the plain roofline's error on a random 20% of the pooled
+        device: the datasheet spec with the fitted :data:`DEVICE_CONSTANTS`
+            (peaks unchanged).
+        held_out: the roofline's error on a random 20% of the pooled
             steps, fitted on the other 80%.
         per_model: the final fit's error on each fitted model's steps.
         checks: its error on each check model's steps (shapes not fitted).
         num_steps: steps fitted.
-        clamped: constants the fit put above 1 and that were held at 1 (no
-            step was bound by that term, so the data do not pin it down).
+        clamped: efficiencies the fit held at their bound of 1 (no step was
+            bound by that term, so the data do not pin it down).
     """
 
     device: DeviceSpec
@@ -475,10 +481,25 @@ class DeviceFit:
             check_median_step_error=round(check[1].median, 4) if check else None, **facts,
         )  # fmt: skip
         d = self.device
+        kv = d.kv_bandwidth_efficiency
         return Measurement(
             mfu=round(d.mfu, 4), bandwidth_efficiency=round(d.bandwidth_efficiency, 4),
             overhead_s=round(d.overhead_s, 7), provenance=provenance,
+            kv_bandwidth_efficiency=None if kv is None else round(kv, 4),
+            overhead_per_seq_s=round(d.overhead_per_seq_s, 9),
+            eager_launch_s_per_layer=round(d.eager_launch_s_per_layer, 8),
         )  # fmt: skip
+
+
+DEVICE_CONSTANTS = (
+    "mfu", "bandwidth_efficiency", "kv_bandwidth_efficiency", "overhead_s",
+    "overhead_per_seq_s", "eager_launch_s_per_layer",
+)  # fmt: skip
+"""The constants :func:`fit_device_constants` fits, in its parameter order."""
+_STARTS = ((0.6, 0.8, 0.6, 1e-3, 1e-5, 3e-4), (0.4, 0.6, 0.9, 3e-3, 0.0, 0.0))
+"""Starting points of the fit (the ``max`` roofs make the error non-convex; the
+best of these wins). Units as :data:`DEVICE_CONSTANTS`."""
+_SCALE = np.array([1.0, 1.0, 1.0, 1e-3, 1e-6, 1e-4])  # parameters fitted near 1
 
 
 def fit_device_constants(
@@ -487,16 +508,25 @@ def fit_device_constants(
     checks: Sequence[ModelSteps] = (),
     seed: int = 0,
 ) -> DeviceFit:
-    """Fit the plain roofline's ``mfu``, ``bandwidth_efficiency`` and ``overhead_s``
-    of ``base`` to measured steps of the ``fitted`` model shapes.
+    """Fit the roofline constants of ``base`` (:data:`DEVICE_CONSTANTS`) to
+    measured steps of the ``fitted`` model shapes.
 
-    The roofline ``max(FLOPs / (peak x mfu), bytes / (bandwidth x efficiency)) +
-    overhead`` (:class:`~roseinfer.calibration.cost_model.RooflineCostModel`, what
-    ``rose-sim --hardware`` prices with) is fitted by minimizing the squared
-    relative error over every step of every shape (:func:`_fit_rates`, ``max``
-    with a per-step intercept). Two shapes of different widths keep the per-step
-    overhead apart from streaming one model's weights (the same bytes every step
-    of one model). ``checks`` are shapes left out, priced with the result.
+    The roofline :class:`~roseinfer.calibration.cost_model.RooflineCostModel`
+    prices with (what ``rose-sim --hardware`` uses)::
+
+        max(FLOPs / (peak x mfu),
+            weight bytes / (bandwidth x bandwidth_efficiency)
+              + KV bytes / (bandwidth x kv_bandwidth_efficiency),
+            eager x num_layers x eager_launch_s_per_layer)
+        + overhead_s + overhead_per_seq_s x sequences
+
+    is fitted by minimizing the squared relative error over every step of every
+    shape (``scipy.optimize.least_squares``, bounded, from each of
+    :data:`_STARTS`; the lowest cost wins). Two shapes of different widths keep
+    the per-step overhead apart from streaming one model's weights (the same
+    bytes every step of one model); decodes at several contexts keep KV apart
+    from weights; small prefills, which run eagerly, pin the launch roof.
+    ``checks`` are shapes left out, priced with the result.
 
     Args:
         base: the datasheet spec (its peaks stay).
@@ -511,32 +541,82 @@ def fit_device_constants(
     samples = [s for _, steps in fitted for s in steps]
     if len(samples) < 10:
         raise ProfileError(f"a device fit needs >= 10 measured steps, got {len(samples)}")
-    terms = np.vstack([_roofline_terms(model, steps) for model, steps in fitted if steps])
+    terms = np.vstack([_device_terms(model, steps, base) for model, steps in fitted if steps])
     targets = np.array([s.target_s for s in samples])
-    zero = np.zeros(len(samples))
     train, test = _split(len(samples), seed)
-    rates = _fit_rates(terms[train], targets[train], zero[train], "max", True, refine=True)
-    held_out = HeldOutError.of(_predict_rates(terms[test], rates, "max"), targets[test])
-    device, clamped = _efficiencies(
-        base, *_fit_rates(terms, targets, zero, "max", True, refine=True)
-    )
+    held = _fit_constants(terms[train], targets[train])
+    held_out = HeldOutError.of(_price(terms[test], held), targets[test])
+    device, clamped = _with_constants(base, _fit_constants(terms, targets))
     return DeviceFit(
         device, held_out, {m.name: _roofline_error(m, device, s) for m, s in fitted},
         {m.name: _roofline_error(m, device, s) for m, s in checks}, len(samples), clamped,
     )  # fmt: skip
 
 
-def _efficiencies(
-    base: DeviceSpec, s_per_flop: float, s_per_byte: float, overhead_s: float
-) -> tuple[DeviceSpec, tuple[str, ...]]:
-    """``base`` reaching ``1 / s_per_flop`` FLOP/s and ``1 / s_per_byte`` B/s, as
-    fractions of its peaks held at 1 (the names of those held)."""
-    mfu = 1.0 / (s_per_flop * base.peak_flops) if s_per_flop > 0 else math.inf
-    bandwidth = 1.0 / (s_per_byte * base.mem_bandwidth) if s_per_byte > 0 else math.inf
-    clamped = tuple(n for n, v in (("mfu", mfu), ("bandwidth_efficiency", bandwidth)) if v > 1)
+def _device_terms(model: ModelSpec, steps: Sequence[ProfileSample], base: DeviceSpec) -> np.ndarray:
+    """``[n, 6]`` per step: seconds of its FLOPs at ``base``'s peak, of its weight
+    bytes and its KV bytes at ``base``'s peak bandwidth, its sequences, its
+    layers if it runs eagerly (else 0), and 1 (the per-step overhead)."""
+    probe = RooflineCostModel(model, _UNIT_DEVICE)
+    weight_bytes = float(model.streamed_weight_bytes)
+    rows = []
+    for step in steps:
+        totals = step.shape.totals()
+        tokens, seqs = float(totals.num_tokens), float(totals.num_seqs)
+        eager = tokens > seqs or seqs > MAX_GRAPH_BATCH_SIZE
+        rows.append((
+            probe.flops(step.shape) / base.peak_flops,
+            weight_bytes / base.mem_bandwidth,
+            (probe.memory_bytes(step.shape) - weight_bytes) / base.mem_bandwidth,
+            seqs, float(model.num_layers) if eager else 0.0, 1.0,
+        ))  # fmt: skip
+    return np.array(rows)
+
+
+def _price(terms: np.ndarray, constants: np.ndarray) -> np.ndarray:
+    """Seconds of each step of ``terms`` (:func:`_device_terms`) at ``constants``
+    (:data:`DEVICE_CONSTANTS` order)."""
+    mfu, bandwidth, kv_bandwidth, overhead_s, per_seq_s, launch_s = constants
+    compute = terms[:, 0] / mfu
+    memory = terms[:, 1] / bandwidth + terms[:, 2] / kv_bandwidth
+    launch = terms[:, 4] * launch_s
+    return np.maximum(np.maximum(compute, memory), launch) + overhead_s + per_seq_s * terms[:, 3]
+
+
+def _fit_constants(terms: np.ndarray, targets_s: np.ndarray) -> np.ndarray:
+    """Least-squares relative error of :func:`_price` over ``targets_s``; the
+    efficiencies bounded to (0, 1], the seconds to >= 0."""
+    from scipy.optimize import least_squares
+
+    low = np.array([1e-3, 1e-3, 1e-3, 0.0, 0.0, 0.0])
+    high = np.array([1.0, 1.0, 1.0, np.inf, np.inf, np.inf])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return _price(terms, x * _SCALE) / targets_s - 1.0
+
+    best = None
+    for start in _STARTS:
+        x0 = np.clip(np.array(start) / _SCALE, low, high)
+        found = least_squares(residuals, x0, bounds=(low, high), x_scale="jac",
+                              xtol=1e-12, ftol=1e-12, gtol=1e-12)  # fmt: skip
+        if best is None or found.cost < best.cost:
+            best = found
+    assert best is not None
+    return best.x * _SCALE
+
+
+def _with_constants(base: DeviceSpec, constants: np.ndarray) -> tuple[DeviceSpec, tuple[str, ...]]:
+    """``base`` with the fitted constants (its peaks stay), and the names of the
+    efficiencies the fit pushed to their bound of 1 (no step was bound by that
+    term, so the data do not pin it down)."""
+    values = dict(zip(DEVICE_CONSTANTS, (float(v) for v in constants), strict=True))
+    clamped = tuple(n for n in DEVICE_CONSTANTS[:3] if values[n] >= 1.0 - 1e-9)
+    values.update(dict.fromkeys(clamped, 1.0))
     device = dataclasses.replace(
-        base, mfu=float(min(mfu, 1.0)), bandwidth_efficiency=float(min(bandwidth, 1.0)),
-        overhead_s=float(max(overhead_s, 0.0)), provenance=None,
+        base, mfu=values["mfu"], bandwidth_efficiency=values["bandwidth_efficiency"],
+        kv_bandwidth_efficiency=values["kv_bandwidth_efficiency"], overhead_s=values["overhead_s"],
+        overhead_per_seq_s=values["overhead_per_seq_s"],
+        eager_launch_s_per_layer=values["eager_launch_s_per_layer"], provenance=None,
     )  # fmt: skip
     return device, clamped
 
@@ -544,30 +624,46 @@ def _efficiencies(
 def _roofline_error(
     model: ModelSpec, device: DeviceSpec, steps: Sequence[ProfileSample]
 ) -> HeldOutError:
-    """The plain roofline of ``model`` on ``device`` against measured ``steps``."""
+    """The roofline of ``model`` on ``device`` against measured ``steps``."""
     cost = RooflineCostModel(model, device)
     predicted = np.array([cost.step_time_s(s.shape) for s in steps])
     return HeldOutError.of(predicted, np.array([s.target_s for s in steps]))
 
 
 MEASURED_BEGIN, MEASURED_END = "# BEGIN MEASURED", "# END MEASURED"
+_FIRST_FIELDS = ("mfu", "bandwidth_efficiency", "overhead_s", "provenance")
 
 
 def measured_source(entries: Mapping[str, Measurement]) -> str:
     """The ``MEASURED = {...}`` assignment of ``calibration/specs.py`` holding
     ``entries`` (device name -> measurement), as Python source that evaluates
-    back to equal :class:`~roseinfer.calibration.specs.Measurement` s."""
+    back to equal :class:`~roseinfer.calibration.specs.Measurement` s, in the
+    repository's format (``ruff format`` leaves it as written)."""
     lines = ["MEASURED: dict[str, Measurement] = {"]
     for name, m in sorted(entries.items()):
-        lines += [f"    {name!r}: Measurement(", f"        mfu={m.mfu!r},",
+        lines += [f"    {_literal(name)}: Measurement(", f"        mfu={m.mfu!r},",
                   f"        bandwidth_efficiency={m.bandwidth_efficiency!r},",
-                  f"        overhead_s={m.overhead_s!r},", "        provenance=Provenance("]  # fmt: skip
+                  f"        overhead_s={m.overhead_s!r},"]  # fmt: skip
+        for field in dataclasses.fields(Measurement):
+            value = getattr(m, field.name)
+            if field.name not in _FIRST_FIELDS and value != field.default:
+                lines.append(f"        {field.name}={_literal(value)},")
+        lines.append("        provenance=Provenance(")
         for field in dataclasses.fields(Provenance):
             value = getattr(m.provenance, field.name)
             if value != field.default:
-                lines.append(f"            {field.name}={value!r},")
+                lines.append(f"            {field.name}={_literal(value)},")
         lines += ["        ),", "    ),"]
     return "\n".join([*lines, "}"]) if entries else "MEASURED: dict[str, Measurement] = {}"
+
+
+def _literal(value: Any) -> str:
+    """``value`` as Python source with double-quoted strings (as ``ruff format`` writes)."""
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string of printable text is a Python literal
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_literal(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
 
 
 def replace_measured_block(specs_text: str, entries: Mapping[str, Measurement]) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "DATASHEET_DEVICES",
     "DEVICES",
     "LINKS",
+    "MAX_GRAPH_BATCH_SIZE",
     "MODELS",
     "DeviceSpec",
     "MEASURED",
@@ -41,6 +42,10 @@ __all__ = [
 
 GB = 10**9  # datasheets quote decimal gigabytes
 TERA = 10**12
+MAX_GRAPH_BATCH_SIZE = 512
+"""Largest decode batch an executor replays from a CUDA graph: vLLM v1's largest
+default capture size (``vllm/config.py``, ``_BATCH_SIZES_TO_CAPTURE``); larger
+batches, and every step with a prefill token, run eagerly."""
 
 
 class UnknownSpecError(KeyError, ValueError):
@@ -233,6 +238,17 @@ class DeviceSpec:
             streaming weights and KV, in (0, 1].
         overhead_s: fixed seconds per iteration outside the roofline: kernel
             launches, scheduling, input preparation, sampling.
+        kv_bandwidth_efficiency: achievable fraction of ``mem_bandwidth`` when
+            attention reads and writes the paged KV cache, in (0, 1]; None: the
+            same as ``bandwidth_efficiency`` (one memory roof for weights and KV).
+        overhead_per_seq_s: seconds per sequence of a step on top of
+            ``overhead_s``: its inputs, sampling and bookkeeping (>= 0).
+        eager_launch_s_per_layer: host seconds to launch one layer's kernels in a
+            step that is not replayed from a CUDA graph (any prefill token, or a
+            decode batch over :data:`MAX_GRAPH_BATCH_SIZE`): such a step takes at
+            least ``num_layers`` times this, a third roof beside compute and
+            memory (>= 0; 0: launches never bound a step, as the datasheet
+            specs assume).
         dtype_bytes: bytes per element of the dtype models run in on this
             device (2 = bf16 on GPUs; the cpu spec assumes fp32, 4).
         link: name of the link between the GPUs of one server (a :data:`LINKS`
@@ -251,14 +267,19 @@ class DeviceSpec:
     dtype_bytes: int = 2
     link: str = ""
     provenance: Provenance | None = None
+    kv_bandwidth_efficiency: float | None = None
+    overhead_per_seq_s: float = 0.0
+    eager_launch_s_per_layer: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
-        for name in ("mfu", "bandwidth_efficiency"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"DeviceSpec.{name} must be in (0, 1], got {getattr(self, name)}")
-        if self.overhead_s < 0:
-            raise ValueError(f"DeviceSpec.overhead_s must be >= 0, got {self.overhead_s}")
+        for name in ("mfu", "bandwidth_efficiency", "kv_bandwidth_efficiency"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise ValueError(f"DeviceSpec.{name} must be in (0, 1], got {value}")
+        for name in ("overhead_s", "overhead_per_seq_s", "eager_launch_s_per_layer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"DeviceSpec.{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def achievable_flops(self) -> float:
@@ -269,6 +290,14 @@ class DeviceSpec:
     def achievable_bandwidth(self) -> float:
         """Bytes/s a forward pass reaches: ``mem_bandwidth * bandwidth_efficiency``."""
         return self.mem_bandwidth * self.bandwidth_efficiency
+
+    @property
+    def achievable_kv_bandwidth(self) -> float:
+        """Bytes/s attention reaches on the KV cache: ``mem_bandwidth *
+        kv_bandwidth_efficiency`` (:attr:`achievable_bandwidth` when unset)."""
+        if self.kv_bandwidth_efficiency is None:
+            return self.achievable_bandwidth
+        return self.mem_bandwidth * self.kv_bandwidth_efficiency
 
     @property
     def provenance_label(self) -> str:
@@ -351,7 +380,8 @@ class Measurement:
     (``benchmarks/fit_device_spec.py``); its datasheet peaks stay.
 
     Attributes:
-        mfu, bandwidth_efficiency, overhead_s: as :class:`DeviceSpec`'s.
+        mfu, bandwidth_efficiency, overhead_s, kv_bandwidth_efficiency,
+        overhead_per_seq_s, eager_launch_s_per_layer: as :class:`DeviceSpec`'s.
         provenance: the measurement (kind ``measured``).
     """
 
@@ -359,12 +389,17 @@ class Measurement:
     bandwidth_efficiency: float
     overhead_s: float
     provenance: Provenance
+    kv_bandwidth_efficiency: float | None = None
+    overhead_per_seq_s: float = 0.0
+    eager_launch_s_per_layer: float = 0.0
 
     def apply(self, datasheet: DeviceSpec) -> DeviceSpec:
         """``datasheet`` with these constants and this provenance."""
         return dataclasses.replace(
             datasheet, mfu=self.mfu, bandwidth_efficiency=self.bandwidth_efficiency,
-            overhead_s=self.overhead_s, provenance=self.provenance,
+            overhead_s=self.overhead_s, kv_bandwidth_efficiency=self.kv_bandwidth_efficiency,
+            overhead_per_seq_s=self.overhead_per_seq_s,
+            eager_launch_s_per_layer=self.eager_launch_s_per_layer, provenance=self.provenance,
         )  # fmt: skip
 
 
@@ -379,7 +414,9 @@ class Measurement:
 #   qwen2.5-7b:    huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json
 #                  (max_position_embeddings 32768: the native window; the model
 #                  card reaches 131072 only with YaRN rope scaling)
-# head_dim = hidden_size / num_attention_heads for all five.
+#   llama-3.2-3b:  huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json
+#                  (head_dim 128 as the config states; hidden_size / heads = 128)
+# head_dim = hidden_size / num_attention_heads for all six.
 
 _GPT2 = ModelSpec(
     name="gpt2",
@@ -448,6 +485,19 @@ _QWEN25_7B = ModelSpec(
     gated_mlp=True,
     tied_embeddings=False,
 )
+_LLAMA_32_3B = ModelSpec(
+    name="llama-3.2-3b",
+    num_layers=28,
+    hidden_size=3072,
+    num_attention_heads=24,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=8192,
+    vocab_size=128256,
+    max_model_len=131072,
+    gated_mlp=True,
+    tied_embeddings=True,
+)
 
 MODELS: dict[str, ModelSpec] = {
     "gpt2": _GPT2,
@@ -463,6 +513,9 @@ MODELS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _QWEN25_7B,
     "qwen/qwen2.5-7b": _QWEN25_7B,
     "qwen/qwen2.5-7b-instruct": _QWEN25_7B,
+    "llama-3.2-3b": _LLAMA_32_3B,
+    "meta-llama/llama-3.2-3b": _LLAMA_32_3B,
+    "meta-llama/llama-3.2-3b-instruct": _LLAMA_32_3B,
 }
 """Built-in model specs by lowercase name; Hugging Face repo ids are aliases."""
 
@@ -490,7 +543,31 @@ _GPU_ASSUMED = "efficiency constants assumed (mfu 0.6, bandwidth 0.8, overhead 1
 # listed here keeps its datasheet peaks below and takes these constants; the
 # others keep the datasheet's assumed ones. Empty: no device measured yet.
 # BEGIN MEASURED
-MEASURED: dict[str, Measurement] = {}
+MEASURED: dict[str, Measurement] = {
+    "h100-sxm": Measurement(
+        mfu=0.5976,
+        bandwidth_efficiency=1.0,
+        overhead_s=0.0024368,
+        kv_bandwidth_efficiency=0.6995,
+        overhead_per_seq_s=9.828e-06,
+        eager_launch_s_per_layer=0.00031964,
+        provenance=Provenance(
+            kind="measured",
+            source="benchmarks/gpu/results/h100-2026-11-26/llama-3.1-8b.json benchmarks/gpu/results/h100-2026-11-26/qwen2.5-7b.json benchmarks/gpu/results/h100-2026-11-26/llama-3.2-3b.json benchmarks/gpu/results/h100-2026-11-26/steps-budget.jsonl",
+            gpu="NVIDIA H100 80GB HBM3",
+            driver="580.159.04",
+            torch="2.11.0+cu130",
+            date="2026-11-26",
+            command="bash benchmarks/gpu/fit_h100.sh (the profiles); python benchmarks/fit_device_spec.py --device h100-sxm --fit R/llama-3.1-8b.json R/qwen2.5-7b.json --check R/llama-3.2-3b.json R/steps-budget.jsonl --write-specs (R: the source's folder)",
+            models=("llama-3.1-8b", "qwen2.5-7b"),
+            num_steps=502,
+            median_step_error=0.0188,
+            p90_step_error=0.0896,
+            check_model="llama-3.2-3b",
+            check_median_step_error=0.0693,
+        ),
+    ),
+}
 # END MEASURED
 
 
@@ -572,8 +649,9 @@ DATASHEET_DEVICES: dict[str, DeviceSpec] = {
 }
 """The built-in devices as their datasheets (or assumptions) give them, before
 any :data:`MEASURED` constants: the base a fit starts from."""
+_BUILTIN = {name: _measured(spec) for name, spec in DATASHEET_DEVICES.items()}
 DEVICES: dict[str, DeviceSpec] = {
-    alias: _measured(DATASHEET_DEVICES[name])
+    alias: _BUILTIN[name]  # one object per device, whatever alias names it
     for alias, name in {
         "a100-80gb": "a100-80gb",
         "a100": "a100-80gb",

@@ -47,7 +47,8 @@ def add_model_args(g: argparse._ArgumentGroup, *, warmup: bool = True) -> None:
         "--model",
         default="gpt2",
         help="a local transformers directory, or a built-in config with random weights "
-        "(gpt2, gpt2-4l, tiny-gpt2, tiny-llama, tiny-qwen2, llama-3.1-8b, qwen2.5-7b; an "
+        "(gpt2, gpt2-4l, tiny-gpt2, tiny-llama, tiny-qwen2, llama-3.1-8b, qwen2.5-7b, "
+        "llama-3.2-3b; an "
         "unknown name lists them)",
     )
     g.add_argument(

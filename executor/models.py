@@ -91,6 +91,32 @@ BUILTIN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
             "tie_word_embeddings": False,
         },
     ),
+    # huggingface.co/meta-llama/Llama-3.2-3B/blob/main/config.json (rope scaling as
+    # Llama-3.1's, factor 32): the third shape of the H100 spec fit, built in so a
+    # profile of it needs no checkpoint written to disk.
+    "llama-3.2-3b": (
+        "LlamaConfig",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 24,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2"})

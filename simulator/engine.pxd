@@ -5,6 +5,7 @@ cimport cython
 from roseinfer.scheduler cimport SchedulerOutput
 
 cdef double _INF
+cdef double _MAX_GRAPH_SEQS
 
 @cython.final
 cdef class _Roofline:
@@ -18,7 +19,10 @@ cdef class _Roofline:
     cdef public double overhead_s
     cdef public double comm_s
     cdef public double comm_s_per_token
-    @cython.locals(compute_s=double, memory_s=double, comm_s=double)
+    cdef public double overhead_per_seq_s
+    cdef public double eager_launch_s
+    @cython.locals(compute_s=double, memory_s=double, comm_s=double, launch_s=double,
+                   host_s=double, roof_s=double)
     cpdef double step_s(self, double num_tokens, double num_seqs, double attn_pairs,
                         double kv_read_tokens) except? -1
 

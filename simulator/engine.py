@@ -22,6 +22,7 @@ import numpy as np
 
 from roseinfer._core import core_info
 from roseinfer.calibration.cost_model import BatchShape, CostModel, RooflineCostModel
+from roseinfer.calibration.specs import MAX_GRAPH_BATCH_SIZE
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
 from roseinfer.metrics.histogram import LogHistogram
@@ -98,6 +99,7 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
 
 COMPILED = not __file__.endswith(".py")  # built by setup.py: price roofline steps in C
 _INF = math.inf  # NOTE: a C constant in the compiled core (no module lookup per step)
+_MAX_GRAPH_SEQS = float(MAX_GRAPH_BATCH_SIZE)  # NOTE: a C constant too
 
 
 class _Roofline:
@@ -109,7 +111,7 @@ class _Roofline:
     __slots__ = (
         "flops_per_token", "flops_per_seq", "flops_per_attn_pair", "achievable_flops",
         "weight_bytes", "kv_bytes_per_token", "achievable_bandwidth", "overhead_s", "comm_s",
-        "comm_s_per_token",
+        "comm_s_per_token", "overhead_per_seq_s", "eager_launch_s",
     )  # fmt: skip
 
     def __init__(self, terms: tuple[float, ...]) -> None:
@@ -117,6 +119,7 @@ class _Roofline:
             self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair,
             self.achievable_flops, self.weight_bytes, self.kv_bytes_per_token,
             self.achievable_bandwidth, self.overhead_s, self.comm_s, self.comm_s_per_token,
+            self.overhead_per_seq_s, self.eager_launch_s,
         ) = terms  # fmt: skip
 
     def step_s(
@@ -132,8 +135,13 @@ class _Roofline:
         memory_s = (
             self.weight_bytes + self.kv_bytes_per_token * (kv_read_tokens + num_tokens)
         ) / self.achievable_bandwidth
+        launch_s = (
+            self.eager_launch_s if num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS else 0.0
+        )
         comm_s = self.comm_s + self.comm_s_per_token * num_tokens
-        return (memory_s if memory_s > compute_s else compute_s) + self.overhead_s + comm_s
+        host_s = self.overhead_s + self.overhead_per_seq_s * num_seqs
+        roof_s = memory_s if memory_s > compute_s else compute_s
+        return (launch_s if launch_s > roof_s else roof_s) + host_s + comm_s
 
 
 def _step_ends(now_s: float, times_s: np.ndarray) -> np.ndarray:

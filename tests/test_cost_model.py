@@ -24,6 +24,7 @@ from roseinfer.calibration.cost_model import (
     make_cost_model,
 )
 from roseinfer.calibration.specs import (
+    DATASHEET_DEVICES,
     DEVICES,
     MODELS,
     LinkSpec,
@@ -84,6 +85,7 @@ def time_s(shape: BatchShape, cost_model: CostModel = H100_8B) -> float:
         ("llama-3.1-8b", 8.03e9),
         ("llama-3.1-70b", 70.6e9),
         ("qwen2.5-7b", 7.61e9),
+        ("llama-3.2-3b", 3.21e9),
     ],
 )
 def test_param_counts_near_published(name: str, published: float) -> None:
@@ -254,12 +256,14 @@ def test_gpt2_cpu_decode_batch_8_tens_of_ms() -> None:
 
 def test_bigger_model_slower_faster_memory_faster() -> None:
     decode = BatchShape.decode([1000] * 4)
-    h200_8b = make_cost_model("llama-3.1-8b", "h200")
-    assert time_s(decode, h200_8b) < time_s(decode)
-    assert time_s(decode, make_cost_model("llama-3.1-70b", "h100")) > 5 * time_s(decode)
+    h100 = DATASHEET_DEVICES["h100-sxm"]  # the datasheets: same efficiencies, other peaks
+    h100_8b = make_cost_model("llama-3.1-8b", h100)
+    h200_8b = make_cost_model("llama-3.1-8b", DATASHEET_DEVICES["h200"])
+    assert time_s(decode, h200_8b) < time_s(decode, h100_8b)
+    assert time_s(decode, make_cost_model("llama-3.1-70b", h100)) > 5 * time_s(decode, h100_8b)
     # Same compute peak: a compute-bound prefill barely changes.
     big = prefill([8192])
-    assert time_s(big, h200_8b) == pytest.approx(time_s(big), rel=0.01)
+    assert time_s(big, h200_8b) == pytest.approx(time_s(big, h100_8b), rel=0.01)
 
 
 def test_tensor_parallel_splits_the_work() -> None:
@@ -432,3 +436,78 @@ def test_decode_run_is_vectorized() -> None:
     assert times.shape == (100_000,)
     with pytest.raises(ValueError, match="num_steps"):
         H100_8B.decode_run_times_s(np.array([1]), -1)
+
+
+# --- roofline: the measured specs' host terms -------------------------------------
+
+H100_DATASHEET = DATASHEET_DEVICES["h100-sxm"]
+
+
+def with_host_terms(**terms: float) -> RooflineCostModel:
+    """Llama-3.1-8B on an H100 whose spec sets some of the three host terms."""
+    base = replace(H100_DATASHEET, kv_bandwidth_efficiency=None, overhead_per_seq_s=0.0,
+                   eager_launch_s_per_layer=0.0, provenance=None)  # fmt: skip
+    return RooflineCostModel(get_model_spec("llama-3.1-8b"), replace(base, **terms))
+
+
+@given(shape=batch_shapes())
+@settings(max_examples=60, deadline=None)
+def test_unset_host_terms_price_as_the_two_roofs(shape: BatchShape) -> None:
+    cost = with_host_terms()
+    device = cost.device
+    two_roofs = max(cost.flops(shape) / device.achievable_flops,
+                    cost.memory_bytes(shape) / device.achievable_bandwidth)  # fmt: skip
+    expected = 0.0 if shape.is_empty else two_roofs + device.overhead_s
+    assert cost.step_time_s(shape) == expected  # bit for bit: the formula before the terms
+
+
+def test_an_eager_step_takes_at_least_its_launches() -> None:
+    cost, plain = with_host_terms(eager_launch_s_per_layer=1e-3), with_host_terms()
+    launches = 32 * 1e-3 + cost.device.overhead_s  # 32 layers
+    small_prefill = prefill([16])
+    assert cost.step_time_s(small_prefill) == pytest.approx(launches, rel=1e-12)
+    assert plain.step_time_s(small_prefill) < 10e-3
+    for graphed in (BatchShape.decode([500] * 8), BatchShape.decode([500] * 512)):
+        assert cost.step_time_s(graphed) == plain.step_time_s(graphed)  # replayed from a graph
+    assert cost.step_time_s(BatchShape.decode([16] * 513)) == pytest.approx(launches)
+    assert cost.step_time_s(prefill([1], [777])) == plain.step_time_s(prefill([1], [777]))
+    big = prefill([8192])  # the GPU takes longer than the launches: they are hidden
+    assert cost.step_time_s(big) == plain.step_time_s(big) > launches
+
+
+def test_per_sequence_overhead_adds_per_sequence() -> None:
+    cost, plain = with_host_terms(overhead_per_seq_s=1e-5), with_host_terms()
+    for shape in (BatchShape.decode([300] * 64), BatchShape([100, 50], [100, 50], [9] * 7)):
+        extra = cost.step_time_s(shape) - plain.step_time_s(shape)
+        assert extra == pytest.approx(1e-5 * shape.num_seqs, rel=1e-9)
+
+
+def test_kv_bandwidth_prices_only_kv_bytes() -> None:
+    cost = with_host_terms(kv_bandwidth_efficiency=0.4)
+    plain = with_host_terms()
+    device = cost.device
+    kv_per_token = cost.model.kv_bytes_per_token
+    for contexts in ([100], [4000] * 64):
+        shape = BatchShape.decode(contexts)
+        kv_bytes = kv_per_token * (sum(contexts) + len(contexts))
+        slower = kv_bytes / device.achievable_kv_bandwidth - kv_bytes / device.achievable_bandwidth
+        extra = cost.step_time_s(shape) - plain.step_time_s(shape)
+        assert extra == pytest.approx(slower, rel=1e-9)
+    assert cost.memory_bytes(BatchShape.decode([4000])) == plain.memory_bytes(
+        BatchShape.decode([4000])
+    )  # bytes are bytes; only their time changes
+    with pytest.raises(ValueError, match="kv_bandwidth_efficiency"):
+        replace(H100_DATASHEET, kv_bandwidth_efficiency=1.5)
+    with pytest.raises(ValueError, match="eager_launch_s_per_layer"):
+        replace(H100_DATASHEET, eager_launch_s_per_layer=-1.0)
+
+
+@given(context=contexts, num_steps=st.integers(0, 20), wide=st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_decode_runs_with_host_terms_equal_the_step_loop(context, num_steps, wide) -> None:
+    cost = with_host_terms(kv_bandwidth_efficiency=0.6, overhead_per_seq_s=1e-5,
+                           eager_launch_s_per_layer=5e-4)  # fmt: skip
+    context_tokens = np.array(context * (60 if wide else 1), dtype=np.int64)  # up to 1,440
+    fast = cost.decode_run_times_s(context_tokens, num_steps)
+    slow = loop_decode_run_times_s(cost, context_tokens, num_steps)
+    np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=0)

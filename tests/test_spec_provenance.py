@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +36,10 @@ from roseinfer.calibration.steplog import StepLogWriter, StepRecord, make_header
 
 H100 = DATASHEET_DEVICES["h100-sxm"]
 # Made-up "true" constants the synthetic H100 steps are generated from.
-TRUTH = dataclasses.replace(H100, mfu=0.47, bandwidth_efficiency=0.71, overhead_s=4.2e-3)
+TRUTH = dataclasses.replace(
+    H100, mfu=0.47, bandwidth_efficiency=0.71, overhead_s=4.2e-3, kv_bandwidth_efficiency=0.55,
+    overhead_per_seq_s=8e-6, eager_launch_s_per_layer=3e-4,
+)  # fmt: skip
 LIMITS = GridLimits(2048, 256, 8192, 300_000, 16, cuda_graph_batch_sizes(256))
 # A 3B shape (Llama-3.2-3B's config) left out of the fit.
 LLAMA_3B = ModelSpec(
@@ -103,6 +107,9 @@ def test_device_fit_recovers_known_constants_from_two_shapes():
     assert d.mfu == pytest.approx(0.47, rel=1e-3)
     assert d.bandwidth_efficiency == pytest.approx(0.71, rel=1e-3)
     assert d.overhead_s == pytest.approx(4.2e-3, rel=1e-3)
+    assert d.kv_bandwidth_efficiency == pytest.approx(0.55, rel=1e-3)
+    assert d.overhead_per_seq_s == pytest.approx(8e-6, rel=1e-3)
+    assert d.eager_launch_s_per_layer == pytest.approx(3e-4, rel=1e-3)
     assert d.peak_flops == H100.peak_flops and fit.clamped == ()
     assert fit.held_out.median < 1e-3 and fit.checks["llama-3.2-3b"].median < 1e-3
     assert set(fit.per_model) == {"llama-3.1-8b", "qwen2.5-7b"}
@@ -162,14 +169,44 @@ def test_calibrations_name_their_files(tmp_path):
 def test_rose_sim_names_its_cost_model_source(tmp_path):
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "roseinfer.cli.sim", "--model", "gpt2", "--hardware",
-           "h100", "--workload", "synthetic", "--num-requests", "4", "--save-result", str(out)]  # fmt: skip
+           "a100", "--workload", "synthetic", "--num-requests", "4", "--save-result", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "| roofline h100-sxm, datasheet (unmeasured) ==" in proc.stdout
+    assert "| roofline a100-80gb, datasheet (unmeasured) ==" in proc.stdout
     result = json.loads(out.read_text())
-    assert result["cost_model_source"] == "roofline h100-sxm, datasheet (unmeasured)"
-    helped = subprocess.run([*cmd[:3], "--help"], capture_output=True, text=True, timeout=60)
-    assert "h100-sxm (h100): datasheet (unmeasured)" in " ".join(helped.stdout.split())
+    assert result["cost_model_source"] == "roofline a100-80gb, datasheet (unmeasured)"
+    helped = " ".join(
+        subprocess.run(
+            [*cmd[:3], "--help"], capture_output=True, text=True, timeout=60
+        ).stdout.split()
+    )
+    assert "a100-80gb (a100): datasheet (unmeasured)" in helped
+    assert "h100-sxm (h100): measured 2026-11 on NVIDIA H100 80GB HBM3" in helped
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "results"
+
+
+@pytest.mark.skipif(not (RESULTS / "h100-2026-11-26").is_dir(), reason="no shipped H100 results")
+def test_the_recorded_h100_constants_are_the_fit_of_the_shipped_profiles():
+    """``MEASURED['h100-sxm']`` is what the fit gives on the profiles it names (so
+    the constants can be re-derived, and a change to the fit shows here)."""
+    sys.path.insert(0, str(RESULTS.parents[1]))
+    from fit_device_spec import load_steps
+
+    recorded = MEASURED["h100-sxm"]
+    root = RESULTS.parents[2]
+    fitted, _ = load_steps([root / name for name in recorded.provenance.source.split()[:2]])
+    fit = fit_device_constants(DATASHEET_DEVICES["h100-sxm"], fitted)
+    again = fit.measurement(**{k: getattr(recorded.provenance, k) for k in
+                               ("source", "gpu", "driver", "torch", "date", "command")})  # fmt: skip
+    assert again.provenance.models == recorded.provenance.models
+    for name in ("mfu", "bandwidth_efficiency", "overhead_s", "kv_bandwidth_efficiency",
+                 "overhead_per_seq_s", "eager_launch_s_per_layer"):  # fmt: skip
+        assert getattr(again, name) == pytest.approx(getattr(recorded, name), rel=1e-3), name
+    assert again.provenance.median_step_error == pytest.approx(
+        recorded.provenance.median_step_error, abs=1e-3
+    )
 
 
 def test_a_measurement_is_recorded_in_the_specs_source():
@@ -182,7 +219,7 @@ def test_a_measurement_is_recorded_in_the_specs_source():
     entry = fit.measurement(source="a.json b.json", gpu="NVIDIA H100 80GB HBM3", driver="580.1",
                             torch="2.13.0+cu130", date="2026-11-30", command="bash fit.sh")  # fmt: skip
     text = Path(specs.__file__).read_text()
-    assert measured_source({}) in text  # the block as it stands
+    assert measured_source(MEASURED) in text  # the block as it stands
     updated = replace_measured_block(text, {"h100-sxm": entry})
     assert updated.count("# BEGIN MEASURED") == 1 and updated.count("# END MEASURED") == 1
     namespace = {"Measurement": Measurement, "Provenance": Provenance}

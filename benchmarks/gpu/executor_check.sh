@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU executor's checks in one device call (5.5 min on one H200, at most 8 by its step time-outs): the CUDA
+# The GPU executor's checks in one device call (5.5 min on one H200; the first rose-run on a cold
+# Triton cache sets up in ~50 s on an H100, so each run may take 150 s): the CUDA
 # tests, the throughput benchmark (every backend, the step table, kernel tables of the
 # eager runs), and default-flag rose-run runs that must not run out of memory.
 #
@@ -39,7 +40,7 @@ if [[ $skip != *" run "* ]]; then
     step "rose-run --policy $policy, default flags"
     extra=()
     [[ $policy == budget ]] && extra=(--prefill-max-tokens 8192)
-    timeout "${RUN_TIMEOUT:-75}" $py -m roseinfer.cli.run --device cuda --model llama-3.1-8b \
+    timeout "${RUN_TIMEOUT:-150}" $py -m roseinfer.cli.run --device cuda --model llama-3.1-8b \
       --policy "$policy" "${extra[@]}" --num-requests "${RUN_REQUESTS:-400}" --request-rate inf \
       --max-model-len 8192 --save-result "$out/run-$policy.json" \
       --save-steps "$out/steps-$policy.jsonl" 2>&1 | tail -25

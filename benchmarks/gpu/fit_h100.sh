@@ -2,8 +2,10 @@
 # Fit the built-in h100-sxm roofline to steps measured on an H100 (one device call, < 10 min).
 #
 # Profiles two model shapes (Llama-3.1-8B, Qwen2.5-7B, random bf16 weights) and a third shape
-# left out of the fit (Llama-3.2-3B's config), fits mfu / bandwidth efficiency / per-step
-# overhead (benchmarks/fit_device_spec.py), and prints the held-out and third-shape errors.
+# left out of the fit (Llama-3.2-3B), fits the roofline's constants (benchmarks/fit_device_spec.py:
+# mfu, weight and KV bandwidth efficiencies, overhead per step and per sequence, eager launch per
+# layer), and prints the held-out and third-shape errors. The limits are rose-run's serving
+# defaults but a 4,096-token window: decodes up to 256 sequences, prefills up to 2,048 tokens.
 # Everything lands in $OUT (or ./gpu-out): bring it back, then record the fit here with the
 # command the script prints last (it edits calibration/specs.py's MEASURED block).
 #
@@ -16,15 +18,11 @@ out=${OUT:-gpu-out}/fit-h100
 mkdir -p "$out"
 device=${DEVICE:-cuda}
 models=${MODELS:-"llama-3.1-8b qwen2.5-7b"}
-check=${CHECK:-}
-limits=${LIMITS:-"--max-model-len 4096 --max-num-seqs 128 --max-num-batched-tokens 2048 --repetitions 2"}
+check=${CHECK:-llama-3.2-3b}
+limits=${LIMITS:-"--max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 2048 --repetitions 2"}
 start=$SECONDS
 
 python benchmarks/gpu/device_line.py | tee "$out/device.txt"
-if [[ -z "$check" ]]; then  # Llama-3.2-3B's config.json values, random weights written once
-  check="$out/llama-3.2-3b"
-  [[ -d "$check" ]] || python benchmarks/gpu/random_checkpoint.py llama-3.2-3b "$check" --device "$device"
-fi
 fits=()
 for model in $models; do
   name=$(basename "$model")
@@ -36,7 +34,6 @@ done
 echo "== profile $(basename "$check") (not fitted) ($((SECONDS - start)) s)"
 # shellcheck disable=SC2086
 rose-run profile --device "$device" --model "$check" $limits --quiet --output "$out/check.json"
-rm -rf "$out/llama-3.2-3b"  # 6 GB of random weights: not worth bringing back
 
 echo "== fit ($((SECONDS - start)) s)"
 python benchmarks/fit_device_spec.py --device h100-sxm --fit "${fits[@]}" --check "$out/check.json" \

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One whole device call, ordered by what is least measured, inside a deadline: the issue's
+# 400-request rose-run runs (step logs kept), the throughput benchmark (roseinfer-triton
+# only), the h100-sxm fit (fit_h100.sh), then the CUDA tests with whatever time is left.
+#
+#   python3 -m pip install --no-deps --no-build-isolation --no-index -q -e . && \
+#     DEADLINE=570 bash benchmarks/gpu/session.sh        # on the GPU, from the repository root
+#
+# A device call brings back at most 8 files from $OUT, so every stage writes into a work
+# folder, and results.tgz in $OUT is rewritten after each stage: a call cut short still brings
+# back what finished. log.txt holds everything printed.
+# Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
+# BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
+set -uo pipefail
+out=${OUT:-gpu-out}
+work=${WORK:-/tmp/rose-session}
+mkdir -p "$out" "$work"
+export PYTHONUNBUFFERED=1
+command -v python >/dev/null || { mkdir -p /tmp/bin && ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH; }
+deadline=${DEADLINE:-570}
+start=$SECONDS
+left() { echo $((deadline - (SECONDS - start))); }
+pack() { tar czf "$out/results.tgz.tmp" -C "$work" . && mv "$out/results.tgz.tmp" "$out/results.tgz"; }
+
+stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
+  local name=$1 max=$2 budget
+  shift 2
+  budget=$(( $(left) - 10 ))
+  (( budget > max )) && budget=$max
+  if (( budget < 20 )); then echo "== $name: skipped, $(left) s left"; return; fi
+  echo "== $name ($((SECONDS - start)) s, up to $budget s)"
+  timeout "$budget" "$@"
+  echo "== $name: exit $? ($((SECONDS - start)) s)"
+  pack
+}
+
+{
+  for s in ${STAGES:-runs bench fit tests}; do
+    case $s in
+      runs) stage runs 320 env OUT="$work" SKIP="tests bench" bash benchmarks/gpu/executor_check.sh ;;
+      bench) stage bench 200 env OUT="$work" SKIP="tests run" \
+        BENCH_FLAGS="${BENCH_FLAGS:---backends triton --no-hf}" bash benchmarks/gpu/executor_check.sh ;;
+      fit) stage fit 330 env OUT="$work" bash benchmarks/gpu/fit_h100.sh ;;
+      tests) stage tests 120 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py \
+        tests/test_layer_kernels.py tests/test_triton_attention.py ;;
+      *) echo "unknown stage $s" ;;
+    esac
+  done
+  echo "== session done ($((SECONDS - start)) s)"
+} 2>&1 | tee "$out/log.txt"

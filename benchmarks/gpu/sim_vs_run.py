@@ -1,0 +1,98 @@
+"""rose-sim against one real rose-run result: each cost model's error on the run's metrics.
+
+Simulates the run's requests with rose-sim's own flags (everything after ``--``) once per
+cost model: the built-in ``--hardware`` spec as it stands (measured where ``calibration/specs.py``
+records a measurement), the same spec with its datasheet constants, and each ``--calibration``
+file (a profile or a step log, as ``rose-sim --cost-model``). Prints, per cost model, the signed
+error ``sim / real - 1`` of duration, output throughput and p50/p99 TTFT, TPOT, ITL and E2EL.
+Runs on a CPU; the real result comes from a GPU run (``rose-run --save-result``).
+
+    python benchmarks/gpu/sim_vs_run.py benchmarks/gpu/results/h100-2026-11-26/run-budget.json \\
+        --calibration benchmarks/gpu/results/h100-2026-11-26/steps-budget.jsonl -- \\
+        --model llama-3.1-8b --hardware h100-sxm --policy budget --prefill-max-tokens 8192 \\
+        --num-requests 400 --request-rate inf --max-model-len 8192 --num-kv-blocks 27643
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from roseinfer.calibration.cost_model import CostModel, RooflineCostModel
+from roseinfer.calibration.profile import load_calibration
+from roseinfer.calibration.specs import DATASHEET_DEVICES
+from roseinfer.cli.config import check_args
+from roseinfer.cli.sim_flags import build_parser, run_config, setup_of
+from roseinfer.cli.workload import build_workload, fit_workload
+from roseinfer.metrics.summary import summarize
+from roseinfer.registry import load_registry
+from roseinfer.simulator.engine import simulate
+
+METRICS = ("duration", "output_throughput") + tuple(
+    f"{q}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for q in ("p50", "p99")
+)
+
+
+def cost_models(base: CostModel, calibrations: Sequence[str]) -> dict[str, CostModel]:
+    """The built-in spec, its datasheet constants, and each calibration file, by label."""
+    out: dict[str, CostModel] = {base.source: base}
+    if isinstance(base, RooflineCostModel) and base.device.name in DATASHEET_DEVICES:
+        datasheet = DATASHEET_DEVICES[base.device.name]
+        if datasheet != base.device:
+            out[f"roofline {datasheet.name}, datasheet constants"] = RooflineCostModel(
+                base.model, datasheet, base.tensor_parallel, base.pipeline_parallel, base.link
+            )
+    for path in calibrations:
+        model = load_calibration([path]).cost_model()
+        out[model.source] = model
+    return out
+
+
+def errors(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
+    """``sim / real - 1`` per metric of :data:`METRICS` the real run has."""
+    return {k: sim[k] / real[k] - 1 for k in METRICS if real.get(k) and sim.get(k) is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, simulate once per cost model, print the error table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    own, sim_argv = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("real", type=Path, help="the rose-run result file (--save-result)")
+    p.add_argument(
+        "--calibration", nargs="*", default=[], help="profiles / step logs to price with"
+    )
+    p.add_argument("--output", type=Path, help="write the errors as JSON")
+    args = p.parse_args(own)
+    real = json.loads(args.real.read_text())
+    sim_args = build_parser().parse_args(sim_argv)
+    registry = load_registry()
+    options = check_args(sim_args, registry)
+    setup = setup_of(sim_args)
+    requests, _ = build_workload(sim_args)
+    requests, _ = fit_workload(sim_args, requests, sim_args.max_model_len or setup.max_model_len,
+                               default=setup.fit_lengths)  # fmt: skip
+    config = run_config(sim_args, registry, options, setup)
+    rows = {}
+    for label, cost in cost_models(setup.cost_model, args.calibration).items():
+        result = simulate(requests, config, cost, registry=registry)
+        summary = summarize(result.columns, duration_s=result.duration_s, itl=result.itl)
+        rows[label] = errors(real, dict(summary))
+    width = max(len(label) for label in rows)
+    names = (k.replace("_ms", "").replace("output_throughput", "out tok/s") for k in METRICS)
+    print(f"{'cost model':<{width}}  " + "  ".join(f"{k:>10}" for k in names))
+    for label, errs in rows.items():
+        cells = (f"{errs[k]:+10.1%}" if k in errs else f"{'-':>10}" for k in METRICS)
+        print(f"{label:<{width}}  " + "  ".join(cells))
+    if args.output:
+        args.output.write_text(json.dumps({"real": str(args.real), "errors": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
