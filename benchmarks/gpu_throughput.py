@@ -23,8 +23,9 @@ Workloads: (a) ``--num-requests`` requests of 215 prompt / 198 output tokens
 ``--subset`` requests, for every system (the slow ones run only this); (b) the
 first ``--num-requests`` Azure conv 2023 requests (the embedded sample),
 clipped to ``--max-model-len``; (c) single steps, ``ModelRunner.forward`` and a
-synchronize, median of 5: decodes of 1/32/64/128/256 sequences at context 1024
-and a prefill of 4 x 2048 tokens, with each step's floor.
+synchronize, median of 5: decodes of 1/32/64/128/256 sequences at context 1024,
+the 256 again with one context of 4,096 (the longest context's tail), and a
+prefill of 4 x 2048 tokens, with each step's floor.
 
 Host time: for the decode steps of (c) the runner's host seconds per forward
 (``ModelRunner.host_times_s``: inputs and launches, no wait), and for (a) the
@@ -69,6 +70,7 @@ from roseinfer.workloads.fit import fit_lengths, with_token_ids
 BLOCK_SIZE = 16
 ANCHOR_PROMPT, ANCHOR_OUTPUT = 215, 198
 DECODE_BATCHES, DECODE_CONTEXT, PREFILL_SHAPE = (1, 32, 64, 128, 256), 1024, (4, 2048)
+SKEW_FACTOR = 4  # the skewed decode step: its longest context, times the others'
 SMALL = {"prompt": 21, "output": 19, "decodes": (1, 2, 4), "context": 64, "prefill": (2, 64)}
 REPEATS = 5
 
@@ -80,8 +82,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"))
     p.add_argument(
         "--backends",
-        help="comma-separated; NAME:eager runs NAME with --enforce-eager (default: "
-        "triton,triton:eager,sdpa on CUDA; sdpa on CPU)",
+        help="comma-separated; NAME:eager runs NAME with --enforce-eager, triton:nosplit "
+        "without fixed-length key splits (default: triton,triton:eager,sdpa on CUDA; sdpa on "
+        "CPU)",
     )
     p.add_argument(
         "--hardware",
@@ -220,6 +223,8 @@ def make_runner(
     choice = builder.RunnerChoice(name, enforce_eager=mode == "eager")
     built = builder.build_runner(loaded, config, size, choice)
     runner = built.runner
+    if mode == "nosplit":  # the warm-up never keeps fixed-length splits (an A/B of them)
+        runner.backend.fixed_length_splits = False
     builder.warm_up(runner, built.config)
     plan = built.pool.plan
     note = (
@@ -229,14 +234,17 @@ def make_runner(
     return runner, (
         f"{system_name(runner)}: {note}; CUDA graphs "
         f"{runner.cuda_graph_capture_s:.1f} s; attention tuned in {runner.attention_tune_s:.1f} s"
-        f" {getattr(runner.backend, 'launch', {})}; set-up {setup_s:.1f} s"
+        f" {getattr(runner.backend, 'launch', {})}, fixed-length splits "
+        f"{getattr(runner.backend, 'segments', {}) or 'none'}; set-up {setup_s:.1f} s"
     )
 
 
 def system_name(runner: ModelRunner) -> str:
-    """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph."""
+    """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph and
+    ``-nosplit`` when fixed-length key splits were ruled out."""
     eager = "-eager" if runner.enforce_eager and runner.device.type == "cuda" else ""
-    return f"roseinfer-{runner.attention_backend}{eager}"
+    nosplit = "" if getattr(runner.backend, "fixed_length_splits", True) else "-nosplit"
+    return f"roseinfer-{runner.attention_backend}{eager}{nosplit}"
 
 
 def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: int):
@@ -292,6 +300,11 @@ def step_shapes(args) -> list[tuple[str, list[tuple[int, int]]]]:
         DECODE_BATCHES, DECODE_CONTEXT)  # fmt: skip
     count, length = SMALL["prefill"] if args.small else PREFILL_SHAPE
     shapes = [(f"decode {n} x ctx {context}", [(1, context)] * n) for n in decodes]
+    # the largest batch again with one context 4x the others': the longest context's tail
+    n, long = max(decodes), SKEW_FACTOR * context
+    shapes.append(
+        (f"decode {n} x ctx {context}, one {long}", [(1, long)] + [(1, context)] * (n - 1))
+    )
     return [*shapes, (f"prefill {count} x {length}", [(length, length)] * count)]
 
 

@@ -23,6 +23,15 @@ chooses the launch shape from host integers only (no device read):
   contexts at 53% of the copy bandwidth, 256 sequences at 86%). The split count
   depends on the batch size rounded up to the CUDA-graph capture grid, so a
   graph replay and an eager step of the same batch run the same kernels.
+* fixed-length splits: a decode batch large enough not to split has one program
+  per sequence and KV head, so its longest context runs alone on one SM after
+  the others are done (on one H100, a 256-sequence decode of Azure conv
+  contexts took 1.7 us more per token of its longest context). The warm-up
+  times such a batch with uniform contexts and with one context
+  :data:`SKEW_FACTOR` times longer, without splits and with splits of
+  :data:`SEGMENT_TOKENS` keys from each context's start (enough of them for
+  ``max_model_len``, so the launch is fixed and graphs hold), and keeps the
+  splits only if they win over both passes together by :data:`TUNE_MARGIN`.
 
 Every launch parameter is a function of the pass's shape, so a padded decode
 batch has one fixed launch: the backend supports CUDA graphs.
@@ -53,6 +62,9 @@ PREFILL_CANDIDATES = ((64, 4, 3), (64, 8, 3), (128, 8, 3), (32, 8, 3))
 TUNE_CONTEXT, TUNE_PREFILL_LEN, TUNE_SHORT_PREFILL_LEN = 1024, 2048, 256
 MAX_SPLITS = 16
 SPLIT_TARGET_WAVES = 4
+SEGMENT_TOKENS = 1024  # keys per fixed-length split (at least; see segment_launch)
+MAX_SEGMENTS = 32  # fixed-length splits per context at most (longer runs past that)
+SKEW_FACTOR = 4  # the tuning's skewed decode: one context this many times the others
 INTERPRETER_NUM_SMS = 4  # what the CPU interpreter pretends to have (exercises split-KV)
 _SPLIT_GRID = capture_sizes(DEFAULT_CAPTURE_LIMIT)
 
@@ -64,6 +76,7 @@ class TritonMetadata:
     Attributes:
         q_block_seq, q_block_start: ``[num_q_blocks]`` int64 (see :func:`query_blocks`).
         block_q, tile_n, num_splits, num_warps, num_stages: see the module doc.
+        split_tiles: tiles per fixed-length split (0: ``num_splits`` equal runs).
     """
 
     q_block_seq: torch.Tensor
@@ -73,6 +86,7 @@ class TritonMetadata:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 3
+    split_tiles: int = 0
 
 
 class TritonBackend(AttentionBackend):
@@ -103,6 +117,12 @@ class TritonBackend(AttentionBackend):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         # (block_q, num_splits) -> (tile_n, num_warps, num_stages), filled by tune()
         self.launch: dict[tuple[int, int], tuple[int, int, int]] = {}
+        # the same keys -> (num_splits, split_tiles) where tune() kept fixed-length splits
+        self.segments: dict[tuple[int, int], tuple[int, int]] = {}
+        # ms of one call of a launch; None: triton.testing.do_bench (tests time the
+        # interpreter's launches with a script of their own)
+        self.timer: Any = None
+        self.fixed_length_splits = True  # False: tune() never keeps them (an A/B)
         self.groups_p = pow2_at_least(num_heads // num_kv_heads)
         self.cuda = device.type == "cuda"
         self.num_sms = (
@@ -138,11 +158,12 @@ class TritonBackend(AttentionBackend):
         splits = self.num_splits(batch.num_seqs, batch.max_query_len)
         default = (DECODE_TILE if batch.max_query_len == 1 else PREFILL_TILE, 4, 3)
         tile_n, warps, stages = self.launch.get((block_q, splits), default)
+        splits, split_tiles = self.segments.get((block_q, splits), (splits, 0))
         return TritonMetadata(
             q_block_seq=batch.extra["q_block_seq"],
             q_block_start=batch.extra["q_block_start"],
             block_q=block_q, tile_n=tile_n, num_splits=splits, num_warps=warps,
-            num_stages=stages,
+            num_stages=stages, split_tiles=split_tiles,
         )  # fmt: skip
 
     def tune(self, k_cache, v_cache, *, max_num_seqs, max_model_len, max_pass_tokens) -> float:
@@ -155,46 +176,90 @@ class TritonBackend(AttentionBackend):
             key = (self.block_q(query_len), self.num_splits(num_seqs, query_len))
             if key not in self.launch:
                 self.launch[key] = self._fastest(k_cache, v_cache, num_seqs, query_len, context)
+                if query_len == 1 and key[1] == 1:
+                    self._choose_segments(k_cache, v_cache, key, num_seqs, context, max_model_len)
         return time.perf_counter() - start
 
     def _fastest(self, k_cache, v_cache, num_seqs: int, query_len: int, context: int):
         """The fastest candidate on ``num_seqs`` sequences of ``query_len`` new
         tokens over ``context`` tokens each, on consecutive pool blocks (wrapping)."""
-        import triton.testing
-
-        device, block_size = k_cache.device, k_cache.shape[1]
-        per_seq = -(-context // block_size)
-        blocks = torch.arange(num_seqs * per_seq, device=device) % k_cache.shape[0]
-        lens = np.full(num_seqs, query_len, np.int64)
-        block_q = self.block_q(query_len)
-        seq, first = query_blocks(lens, block_q)
-        q = torch.randn((num_seqs * query_len, self.num_heads, k_cache.shape[3]),
-                        device=device, dtype=k_cache.dtype)  # fmt: skip
-        out = torch.empty_like(q)
-        fixed = dict(
-            block_tables=blocks.view(num_seqs, per_seq),
-            seq_lens=torch.full((num_seqs,), context, device=device),
-            query_start_loc=torch.arange(0, (num_seqs + 1) * query_len, query_len, device=device),
-            q_block_seq=torch.from_numpy(seq).to(device),
-            q_block_start=torch.from_numpy(first).to(device), num_q_blocks=len(seq),
-            block_q=block_q, num_splits=self.num_splits(num_seqs, query_len),
-            scale=1 / math.sqrt(k_cache.shape[3]),
-        )  # fmt: skip
+        run = self._pass(k_cache, v_cache, query_len, np.full(num_seqs, context))
         timed = []
-        for tile_n, warps, stages in DECODE_CANDIDATES if query_len == 1 else PREFILL_CANDIDATES:
-
-            def launch(tile_n=tile_n, warps=warps, stages=stages):
-                self.kernels.paged_attention(out, q, k_cache, v_cache, tile_n=tile_n,
-                                             num_warps=warps, num_stages=stages, **fixed)  # fmt: skip
-
+        for launch in DECODE_CANDIDATES if query_len == 1 else PREFILL_CANDIDATES:
             try:
-                timed.append(
-                    (triton.testing.do_bench(launch, warmup=2, rep=10), (tile_n, warps, stages))
-                )
+                timed.append((run(launch, self.num_splits(num_seqs, query_len), 0), launch))
             except Exception:  # noqa: BLE001 - a candidate that does not compile here is skipped
                 continue
         default = (DECODE_TILE if query_len == 1 else PREFILL_TILE, 4, 3)
         return steady_pick(timed) or default
+
+    def _choose_segments(
+        self, k_cache, v_cache, key: tuple[int, int], num_seqs: int, context: int,
+        max_model_len: int,
+    ) -> None:  # fmt: skip
+        """Keep fixed-length splits for the decode launch ``key`` (unsplit by the
+        SM rule) if they are faster over a uniform pass and a skewed one together
+        (see the module doc)."""
+        launch = self.launch[key]
+        splits, split_tiles = segment_launch(max_model_len, launch[0])
+        if splits < 2 or num_seqs < 2 or not self.fixed_length_splits:
+            return
+        skewed = np.full(num_seqs, context)
+        skewed[0] = min(max_model_len, SKEW_FACTOR * context)
+        plain = segmented = 0.0
+        for contexts in (np.full(num_seqs, context), skewed):
+            run = self._pass(k_cache, v_cache, 1, contexts)
+            try:
+                plain += run(launch, 1, 0)
+                segmented += run(launch, splits, split_tiles)
+            except Exception:  # noqa: BLE001 - the variant does not compile here: keep the plain one
+                return
+        if segmented < plain * (1 - TUNE_MARGIN):
+            self.segments[key] = (splits, split_tiles)
+
+    def _pass(self, k_cache, v_cache, query_len: int, contexts: np.ndarray):
+        """A timer of one attention pass of ``len(contexts)`` sequences of
+        ``query_len`` new tokens over these contexts, on consecutive pool blocks
+        (wrapping): ``run((tile_n, warps, stages), num_splits, split_tiles)`` ->
+        ms (``triton.testing.do_bench``)."""
+        device, block_size = k_cache.device, k_cache.shape[1]
+        num_seqs = len(contexts)
+        per_seq = -(-contexts // block_size)
+        width = int(per_seq.max())
+        starts = np.concatenate(([0], np.cumsum(per_seq)[:-1]))
+        tables = (starts[:, None] + np.arange(width)[None, :]) % k_cache.shape[0]
+        block_q = self.block_q(query_len)
+        seq, first = query_blocks(np.full(num_seqs, query_len, np.int64), block_q)
+        q = torch.randn((num_seqs * query_len, self.num_heads, k_cache.shape[3]),
+                        device=device, dtype=k_cache.dtype)  # fmt: skip
+        out = torch.empty_like(q)
+        fixed = dict(
+            block_tables=torch.from_numpy(tables).to(device),
+            seq_lens=torch.from_numpy(np.asarray(contexts, np.int64)).to(device),
+            query_start_loc=torch.arange(0, (num_seqs + 1) * query_len, query_len, device=device),
+            q_block_seq=torch.from_numpy(seq).to(device),
+            q_block_start=torch.from_numpy(first).to(device), num_q_blocks=len(seq),
+            block_q=block_q, scale=1 / math.sqrt(k_cache.shape[3]),
+        )  # fmt: skip
+
+        def run(launch: tuple[int, int, int], num_splits: int, split_tiles: int) -> float:
+            tile_n, warps, stages = launch
+            return self._time(
+                lambda: self.kernels.paged_attention(
+                    out, q, k_cache, v_cache, tile_n=tile_n, num_warps=warps, num_stages=stages,
+                    num_splits=num_splits, split_tiles=split_tiles, **fixed,
+                )
+            )  # fmt: skip
+
+        return run
+
+    def _time(self, launch: Any) -> float:
+        """ms of one ``launch()``: :attr:`timer`, else ``triton.testing.do_bench``."""
+        if self.timer is not None:
+            return float(self.timer(launch))
+        import triton.testing
+
+        return float(triton.testing.do_bench(launch, warmup=2, rep=10))
 
     def write_kv(self, k, v, k_cache, v_cache, batch: StepBatch) -> None:
         self.kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
@@ -218,6 +283,7 @@ class TritonBackend(AttentionBackend):
             scale=scale,
             num_warps=meta.num_warps,
             num_stages=meta.num_stages,
+            split_tiles=meta.split_tiles,
         )
         return out
 
@@ -237,6 +303,15 @@ def steady_pick(timed: list[tuple[float, tuple[int, int, int]]]) -> tuple[int, i
         return None
     bar = min(t for t, _ in timed) * (1 + TUNE_MARGIN)
     return next(launch for t, launch in timed if t <= bar)
+
+
+def segment_launch(max_model_len: int, tile_n: int) -> tuple[int, int]:
+    """``(num_splits, split_tiles)`` of fixed-length splits for contexts of up to
+    ``max_model_len`` keys over ``tile_n``-key tiles: runs of at least
+    :data:`SEGMENT_TOKENS` keys, at most :data:`MAX_SEGMENTS` of them."""
+    keys = max(SEGMENT_TOKENS, -(-max_model_len // MAX_SEGMENTS))
+    split_tiles = max(1, -(-keys // tile_n))
+    return -(-max_model_len // (split_tiles * tile_n)), split_tiles
 
 
 def query_blocks(query_lens: np.ndarray, block_q: int) -> tuple[np.ndarray, np.ndarray]:

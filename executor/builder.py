@@ -197,10 +197,13 @@ PLAN_FACTS = (
 def runner_facts(runner: ModelRunner, pool: KVPoolSize) -> dict[str, Any]:
     """What a result file records about the runner and its KV pool (flat,
     JSON-ready): attention backend, CUDA graphs (``enforce_eager``, the captured
-    sizes, ``cuda_graph_capture_s``: 0 before the warm-up), pass size, the pool and
-    where its size came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
+    sizes, ``cuda_graph_capture_s``: 0 before the warm-up), whether the warm-up's
+    tuning kept fixed-length key splits for large decode batches
+    (``attention_fixed_length_splits``, triton), pass size, the pool and where its
+    size came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
     facts: dict[str, Any] = {
         "attention_backend": runner.attention_backend,
+        "attention_fixed_length_splits": bool(getattr(runner.backend, "segments", None)),
         "enforce_eager": runner.enforce_eager,
         "cuda_graph_capture_s": runner.cuda_graph_capture_s,
         "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),

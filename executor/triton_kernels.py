@@ -19,6 +19,9 @@ sequence lives at block ``block_table[p // block_size]``, row ``p % block_size``
   unnormalised partial output with its running max and sum, and
   ``_split_kv_reduce_kernel`` merges them. Used for decode batches too small to
   fill the GPU (one program per sequence and KV head would leave SMs idle).
+  With ``split_tiles`` the runs have a fixed length instead, so in a large
+  decode batch only the long contexts take several programs, and the longest
+  one no longer holds up the whole step on one SM.
 * :func:`store_kv` (``_store_kv_kernel``): writes each new token's K and V at
   its slot; a negative slot (a padded row of a CUDA-graph batch) is skipped.
 
@@ -164,6 +167,7 @@ def _paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,
     TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    SPLIT_TILES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     q_block = tl.program_id(0)
@@ -193,9 +197,13 @@ def _paged_attention_kernel(
     # Keys this query block may see: positions [0, position of its last query].
     num_keys = prefix_len + tl.minimum(first_query + BLOCK_Q, query_len)
     num_tiles = tl.cdiv(num_keys, TILE_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+    if SPLIT_TILES > 0:  # runs of SPLIT_TILES tiles: only long contexts use several splits
+        tile_lo = split * SPLIT_TILES
+        tile_hi = tl.minimum(tile_lo + SPLIT_TILES, num_tiles)
+    else:  # each context cut into NUM_SPLITS equal runs
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     run_max = tl.full([BLOCK_Q * GROUPS_P], NEG_BIG, tl.float32)
     run_sum = tl.zeros([BLOCK_Q * GROUPS_P], tl.float32)
@@ -234,7 +242,10 @@ def _paged_attention_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=store_mask)
     else:
         part = token[:, None] * stride_pt + head[:, None] * stride_ph + split * stride_ps
-        tl.store(part_out_ptr + part + dim[None, :], acc, mask=store_mask)
+        # a split past its context's keys writes only its statistics (sum 0): the
+        # reduce reads no partial output where the sum is 0
+        if tile_hi > tile_lo:
+            tl.store(part_out_ptr + part + dim[None, :], acc, mask=store_mask)
         stat = token * stride_mt + head * stride_mh + split
         tl.store(part_max_ptr + stat, run_max, mask=row_ok)
         tl.store(part_sum_ptr + stat, run_sum, mask=row_ok)
@@ -269,9 +280,8 @@ def _split_kv_reduce_kernel(
     weight = tl.exp2(part_max - tl.max(part_max, 0))
     total = tl.sum(part_sum * weight, 0)
     part = token * stride_pt + head * stride_ph + split[:, None] * stride_ps + dim[None, :]
-    acc = tl.load(
-        part_out_ptr + part, mask=split_ok[:, None] & (dim[None, :] < HEAD_DIM), other=0.0
-    )
+    seen = split_ok & (part_sum > 0)  # splits that saw a key wrote a partial output
+    acc = tl.load(part_out_ptr + part, mask=seen[:, None] & (dim[None, :] < HEAD_DIM), other=0.0)
     out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     out_ptrs = out_ptr + token * stride_ot + head * stride_oh + dim
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=dim < HEAD_DIM)
@@ -295,6 +305,7 @@ def paged_attention(
     scale: float,
     num_warps: int = 4,
     num_stages: int = 3,
+    split_tiles: int = 0,
 ) -> None:
     """Attention of every query token of a pass over its sequence's paged K/V.
 
@@ -319,7 +330,16 @@ def paged_attention(
         scale: softmax scale of q.k.
         num_warps, num_stages: the launch's warps per program and software
             pipeline depth (Triton's launch options; ignored by the interpreter).
+        split_tiles: 0 cuts each context into ``num_splits`` equal runs of tiles;
+            > 0 cuts it into runs of ``split_tiles`` tiles from its start, so a
+            short context takes one split and a long one several (``num_splits``
+            must cover the longest: ``ceil(keys / (split_tiles x tile_n))``).
+
+    Raises:
+        ValueError: on ``split_tiles`` without splits, or a negative one.
     """
+    if split_tiles < 0 or (split_tiles and num_splits < 2):
+        raise ValueError(f"split_tiles {split_tiles} needs num_splits > 1, got {num_splits}")
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_groups = num_heads // k_cache.shape[2]
     groups_p = pow2_at_least(num_groups)
@@ -349,7 +369,8 @@ def paged_attention(
     )  # fmt: skip
     meta = dict(
         BLOCK_SIZE=k_cache.shape[1], NUM_GROUPS=num_groups, GROUPS_P=groups_p, BLOCK_Q=block_q,
-        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, NUM_SPLITS=num_splits, DOT_PRECISION=precision,
+        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, NUM_SPLITS=num_splits, SPLIT_TILES=split_tiles,
+        DOT_PRECISION=precision,
     )  # fmt: skip
     _paged_attention_kernel[grid](
         *args, **meta, TILE_N=tile_n, num_warps=num_warps, num_stages=num_stages

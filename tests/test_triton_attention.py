@@ -27,6 +27,7 @@ from roseinfer.executor.attn_triton import (  # noqa: E402
     TUNE_MARGIN,
     TritonBackend,
     query_blocks,
+    segment_launch,
     steady_pick,
 )
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
@@ -90,7 +91,7 @@ def sdpa_reference(case, scale):
     return out
 
 
-def run_kernel(case, *, block_q, tile_n=16, num_splits=1):
+def run_kernel(case, *, block_q, tile_n=16, num_splits=1, split_tiles=0):
     query_lens = torch.diff(case["query_start_loc"]).cpu().numpy()
     seq, start = query_blocks(query_lens, block_q)
     out = torch.full_like(case["q"], float("nan"))
@@ -110,6 +111,7 @@ def run_kernel(case, *, block_q, tile_n=16, num_splits=1):
         tile_n=tile_n,
         num_splits=num_splits,
         scale=scale,
+        split_tiles=split_tiles,
     )
     return out, sdpa_reference(case, scale)
 
@@ -143,6 +145,21 @@ def test_split_kv_decode_matches_and_padding_rows_give_zero(num_splits):
     out, expected = run_kernel(case, block_q=4, num_splits=num_splits)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[3], torch.zeros_like(out[3]))
+
+
+@pytest.mark.parametrize(("split_tiles", "num_splits"), [(1, 3), (2, 2), (1, 5)])
+def test_fixed_length_splits_match_and_short_contexts_take_one(split_tiles, num_splits):
+    """Splits of a fixed run of tiles (a large batch's long contexts): a 40-key
+    context over 16-key tiles takes 3 tiles, so 3 runs of 1 tile or 2 of 2; more
+    splits than any context needs leave programs with no keys, whose partial
+    outputs the reduce never reads (they are not written: the output buffer is
+    NaN there). Padding rows still output 0."""
+    case = paged_case([(1, 17), (1, 3), (1, 40), (1, 0), (1, 16)])
+    out, expected = run_kernel(case, block_q=4, num_splits=num_splits, split_tiles=split_tiles)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+    with pytest.raises(ValueError, match="split_tiles"):
+        run_kernel(case, block_q=4, num_splits=1, split_tiles=2)
 
 
 def test_float16_matches_sdpa():
@@ -221,6 +238,74 @@ def test_triton_runner_greedy_matches_generate(name):
     assert outs == [hf_greedy(model, p, 5) for p in prompts]
 
 
+def test_fixed_length_split_launches_cover_the_longest_context():
+    assert segment_launch(8192, 32) == (8, 32)  # 1,024 keys a split
+    assert segment_launch(8192, 128) == (8, 8)
+    assert segment_launch(131072, 64) == (32, 64)  # 32 splits at most: runs of 4,096 keys
+    assert segment_launch(1000, 32) == (1, 32)  # one split: nothing to keep
+    for max_len, tile in ((5000, 64), (70000, 32)):
+        splits, tiles = segment_launch(max_len, tile)
+        assert splits * tiles * tile >= max_len > (splits - 1) * tiles * tile
+
+
+def test_fixed_length_splits_in_the_runner_keep_greedy_tokens():
+    """A decode launch the warm-up gave fixed-length splits (forced here: the
+    interpreter has no speed to tune) runs them, and decodes transformers' greedy
+    tokens over contexts of 1, 2 and 3 splits."""
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts = prompts_of(35, 20, 6, seed=3)
+    tables = [list(range(i * 12, i * 12 + 12)) for i in range(3)]
+    runner = triton_runner(model)
+    backend = runner.backend
+    key = (backend.block_q(1), backend.num_splits(3, 1))
+    backend.launch[key] = (16, 4, 3)
+    backend.segments[key] = (3, 1)  # runs of one 16-key tile: contexts up to 48
+    metas, build = [], backend.build_metadata
+    backend.build_metadata = lambda batch: metas.append(build(batch)) or metas[-1]
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
+    outs = [[t] for t in logits.argmax(-1).tolist()]
+    for _ in range(4):
+        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
+        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
+            out.append(token)
+    assert outs == [hf_greedy(model, p, 5) for p in prompts]
+    assert [(m.num_splits, m.split_tiles) for m in metas[1:]] == [(3, 1)] * 4  # the decodes
+    assert metas[0].split_tiles == 0  # the prefill: one program per query block
+
+
+def test_the_warm_up_keeps_fixed_length_splits_only_when_they_win(monkeypatch):
+    """The warm-up's choice for an unsplit decode launch: it times the plain and the
+    split launch on a uniform and a skewed pass (run here, in the interpreter, with
+    scripted times) and keeps the splits only if they win both together by the
+    margin."""
+    from roseinfer.executor import attn_triton
+
+    monkeypatch.setattr(attn_triton, "SEGMENT_TOKENS", 16)  # 64-token contexts: 4 splits
+    runner = triton_runner(tiny("tiny-llama").to(DEVICE))
+    backend = runner.backend
+    key = (backend.block_q(1), 1)
+    backend.launch[key] = (16, 4, 3)
+    caches = (runner.k_cache(0), runner.v_cache(0))
+    # plain then split, on the uniform pass then on the skewed one
+    for script, kept in (
+        ([10, 7, 20, 11], True),
+        ([10, 9, 10, 10.9], False),
+        ([5, 4, 5, 6], False),
+    ):
+        times, ran = iter(script), []
+        backend.timer = lambda launch, times=times, ran=ran: (ran.append(launch()), next(times))[1]
+        backend.segments.clear()
+        backend._choose_segments(*caches, key, num_seqs=8, context=16, max_model_len=64)
+        assert len(ran) == 4 and (key in backend.segments) == kept, script
+    assert backend.segments == {} and segment_launch(64, 16) == (4, 1)
+    backend.timer = lambda launch: (launch(), 10.0)[1]
+    backend._choose_segments(*caches, key, num_seqs=8, context=16, max_model_len=16)
+    assert backend.segments == {}  # one split covers every context: nothing timed, none kept
+    times = iter([3.0, 1.0, 2.0, 4.0])  # the decode candidates, in order: the second wins
+    backend.timer = lambda launch: (launch(), next(times))[1]
+    assert backend._fastest(*caches, num_seqs=2, query_len=1, context=16) == (64, 4, 3)
+
+
 def test_triton_equals_sdpa_on_a_mixed_step_with_passes():
     """A chunk over a cached prefix, a 1-token chunk and decodes in one step, cut
     into passes of 6 tokens: the same logits as SDPA."""
@@ -259,10 +344,12 @@ ptr.update({n: "*i64" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start
                                 "q_block_seq_ptr", "q_block_start_ptr", "slot_ptr")})
 ptr.update({n: "*fp32" for n in ("part_out_ptr", "part_max_ptr", "part_sum_ptr")})
 ptr["qk_scale"] = "fp32"
-for block_q, tile, splits in ((4, 32, 1), (4, 32, 8), (16, 64, 1)):
+for block_q, tile, splits, split_tiles in ((4, 32, 1, 0), (4, 32, 8, 0), (4, 64, 8, 16),
+                                           (16, 64, 1, 0)):
     build(tk._paged_attention_kernel, ptr, dict(
         BLOCK_SIZE=16, NUM_GROUPS=4, GROUPS_P=4, BLOCK_Q=block_q, HEAD_DIM=128,
-        HEAD_DIM_P=128, TILE_N=tile, NUM_SPLITS=splits, DOT_PRECISION="tf32"))
+        HEAD_DIM_P=128, TILE_N=tile, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
+        DOT_PRECISION="tf32"))
 build(tk._store_kv_kernel, ptr, dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HEADS_P=8,
                                      HEAD_DIM_P=128))
 build(tk._split_kv_reduce_kernel, ptr, dict(NUM_SPLITS=8, SPLITS_P=8, HEAD_DIM=128,
