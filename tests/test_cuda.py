@@ -20,10 +20,10 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
 ]
 
-from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
+from test_model_runner import greedy, hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor import memory  # noqa: E402
-from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
+from roseinfer.executor.model_runner import ModelRunner  # noqa: E402
 
 CUDA = torch.device("cuda")
 
@@ -32,16 +32,6 @@ def runner_for(model, *, dtype=torch.float32, num_kv_blocks=64, **kw):
     return ModelRunner(
         model, num_kv_blocks=num_kv_blocks, block_size=16, device=CUDA, dtype=dtype, **kw
     )
-
-
-def greedy(runner, prompts, tables, num_tokens):
-    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
-    outs = [[t] for t in logits.argmax(-1).tolist()]
-    for _ in range(num_tokens - 1):
-        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
-        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
-            out.append(token)
-    return outs
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])

@@ -85,6 +85,12 @@ def decode(runner, prompts, first_tokens, tables, num_tokens=NUM_NEW_TOKENS) -> 
     return outs
 
 
+def greedy(runner, prompts, tables, num_tokens=NUM_NEW_TOKENS) -> list[list[int]]:
+    """The prompts' prefill in one forward, then :func:`decode`: greedy tokens."""
+    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables, strict=True)])
+    return decode(runner, prompts, logits.argmax(-1).tolist(), tables, num_tokens)
+
+
 def assert_varied(outputs: list[list[int]]) -> None:
     for out in outputs:
         assert len(set(out)) > 2, f"degenerate output {out}: raise initializer_range"

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():  # before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from test_model_runner import hf_greedy, prompts_of, tiny  # noqa: E402
+from test_model_runner import greedy, hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor.attn_sdpa import offset_causal_mask, sdpa  # noqa: E402
 from roseinfer.executor.attn_triton import (  # noqa: E402
@@ -229,13 +229,7 @@ def test_triton_runner_greedy_matches_generate(name):
     tables = [pool[i * 8 : (i + 1) * 8] for i in range(len(prompts))]
     runner = triton_runner(model)
     assert runner.attention_backend == "triton"
-    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
-    outs = [[t] for t in logits.argmax(-1).tolist()]
-    for _ in range(4):
-        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
-        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
-            out.append(token)
-    assert outs == [hf_greedy(model, p, 5) for p in prompts]
+    assert greedy(runner, prompts, tables, 5) == [hf_greedy(model, p, 5) for p in prompts]
 
 
 def test_fixed_length_split_launches_cover_the_longest_context():
@@ -262,13 +256,7 @@ def test_fixed_length_splits_in_the_runner_keep_greedy_tokens():
     backend.segments[key] = (3, 1)  # runs of one 16-key tile: contexts up to 48
     metas, build = [], backend.build_metadata
     backend.build_metadata = lambda batch: metas.append(build(batch)) or metas[-1]
-    logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)])
-    outs = [[t] for t in logits.argmax(-1).tolist()]
-    for _ in range(4):
-        step = [SeqInput([o[-1]], len(p) + len(o) - 1, t) for p, o, t in zip(prompts, outs, tables)]
-        for out, token in zip(outs, runner.forward(step).argmax(-1).tolist()):
-            out.append(token)
-    assert outs == [hf_greedy(model, p, 5) for p in prompts]
+    assert greedy(runner, prompts, tables, 5) == [hf_greedy(model, p, 5) for p in prompts]
     assert [(m.num_splits, m.split_tiles) for m in metas[1:]] == [(3, 1)] * 4  # the decodes
     assert metas[0].split_tiles == 0  # the prefill: one program per query block
 
