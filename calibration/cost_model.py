@@ -497,12 +497,9 @@ class RooflineCostModel:
         ) / self._achievable_bandwidth
 
     def _launch_s(self, num_tokens: float, num_seqs: float) -> float:
-        """Host launch roof: a step with a prefill token, or more decodes than a
-        CUDA graph holds, launches eagerly (a decode run's steps all share one
-        token and sequence count)."""
-        if num_tokens > num_seqs or num_seqs > MAX_GRAPH_BATCH_SIZE:
-            return self._eager_launch_s
-        return 0.0
+        """Host launch roof of a step (:func:`runs_eagerly`; a decode run's steps
+        all share one token and sequence count)."""
+        return self._eager_launch_s if runs_eagerly(num_tokens, num_seqs) else 0.0
 
     def _time_s(
         self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num, kv_read_tokens: _Num
@@ -516,6 +513,14 @@ class RooflineCostModel:
             roof_s = max(compute_s, memory_s, launch_s)  # type: ignore[type-var]
             return roof_s + host_s + comm_s  # type: ignore[operator]
         return np.maximum(np.maximum(compute_s, memory_s), launch_s) + host_s + comm_s
+
+
+def runs_eagerly(num_tokens: float, num_seqs: float) -> bool:
+    """Whether an executor launches a step's kernels from the host rather than
+    replaying a CUDA graph: any prefill token (more tokens than sequences), or more
+    decodes than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`. The
+    compiled core's ``_Roofline.step_s`` inlines the same rule."""
+    return num_tokens > num_seqs or num_seqs > MAX_GRAPH_BATCH_SIZE
 
 
 def make_cost_model(

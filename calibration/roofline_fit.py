@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
+from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel, runs_eagerly
 from roseinfer.calibration.specs import (
-    MAX_GRAPH_BATCH_SIZE,
     DeviceSpec,
     Measurement,
     ModelSpec,
@@ -563,7 +562,7 @@ def _device_terms(model: ModelSpec, steps: Sequence[ProfileSample], base: Device
     for step in steps:
         totals = step.shape.totals()
         tokens, seqs = float(totals.num_tokens), float(totals.num_seqs)
-        eager = tokens > seqs or seqs > MAX_GRAPH_BATCH_SIZE
+        eager = runs_eagerly(tokens, seqs)
         rows.append((
             probe.flops(step.shape) / base.peak_flops,
             weight_bytes / base.mem_bandwidth,

@@ -135,7 +135,7 @@ class _Roofline:
         memory_s = (
             self.weight_bytes + self.kv_bytes_per_token * (kv_read_tokens + num_tokens)
         ) / self.achievable_bandwidth
-        launch_s = (
+        launch_s = (  # cost_model.runs_eagerly, inlined in C
             self.eager_launch_s if num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS else 0.0
         )
         comm_s = self.comm_s + self.comm_s_per_token * num_tokens
