@@ -3,7 +3,8 @@
 Reads ``rose-run profile`` files and/or step logs (``--save-steps``) of at least
 two model shapes taken on one GPU, fits the roofline's constants (``mfu``,
 ``bandwidth_efficiency``, ``kv_bandwidth_efficiency``, ``overhead_s``,
-``overhead_per_seq_s``, ``eager_launch_s_per_layer``) of the built-in spec
+``overhead_per_seq_s``, ``eager_launch_s_per_layer``,
+``decode_imbalance_s_per_token``) of the built-in spec
 (``roseinfer.calibration.roofline_fit.fit_device_constants``), prices shapes
 left out of the fit (``--check``), prints the errors, writes ``--output``
 (JSON), and with ``--write-specs`` records the result in
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="profiles / step logs of the fitted shapes (two shapes or more)")  # fmt: skip
     p.add_argument("--check", nargs="*", type=Path, default=[],
                    help="profiles / step logs of shapes left out, priced with the fit")  # fmt: skip
+    p.add_argument("--imbalance-steps", nargs="*", type=Path, default=[],
+                   help="step logs of served runs to fit the decode imbalance to (default: "
+                        "the --fit files' spread decode batches)")  # fmt: skip
     p.add_argument("--output", type=Path, help="write the fit and its errors as JSON")
     p.add_argument("--write-specs", action="store_true",
                    help="record the result in calibration/specs.py (MEASURED)")  # fmt: skip
@@ -104,7 +108,9 @@ def report_lines(fit: DeviceFit, base_name: str) -> list[str]:
         f"  KV bandwidth efficiency {_kv(base)} -> {_kv(d)}, per sequence "
         f"{base.overhead_per_seq_s * 1e6:.2f} -> {d.overhead_per_seq_s * 1e6:.2f} us, eager "
         f"launch per layer {base.eager_launch_s_per_layer * 1e3:.3f} -> "
-        f"{d.eager_launch_s_per_layer * 1e3:.3f} ms",
+        f"{d.eager_launch_s_per_layer * 1e3:.3f} ms, decode imbalance "
+        f"{base.decode_imbalance_s_per_token * 1e6:.3f} -> "
+        f"{d.decode_imbalance_s_per_token * 1e6:.3f} us per token",
         f"  held-out step error (20% of the steps): median {fit.held_out.median:.1%}, "
         f"p90 {fit.held_out.p90:.1%}",
     ]
@@ -132,16 +138,19 @@ def main() -> int:
     try:
         fitted, environment = load_steps(args.fit)
         checks, _ = load_steps(args.check)
+        imbalance, _ = load_steps(args.imbalance_steps)
         if len(fitted) < 2:
             raise ProfileError(f"--fit needs two model shapes or more, got {len(fitted)}")
-        fit = fit_device_constants(DATASHEET_DEVICES[args.device], fitted, checks, args.seed)
+        fit = fit_device_constants(
+            DATASHEET_DEVICES[args.device], fitted, checks, args.seed, imbalance
+        )
     except (ProfileError, ValueError) as err:
         print(f"fit_device_spec: error: {err}", file=sys.stderr)
         return 2
     print("\n".join(report_lines(fit, args.device)))
     command = args.command or shlex.join(["python", *sys.argv])
     measurement = fit.measurement(
-        source=" ".join(str(p) for p in [*args.fit, *args.check]),
+        source=" ".join(str(p) for p in [*args.fit, *args.check, *args.imbalance_steps]),
         gpu=args.gpu or str(environment.get("cuda_device") or environment.get("processor") or "?"),
         driver=args.driver or driver_version(), torch=str(environment.get("torch", "unknown")),
         date=datetime.date.today().isoformat(), command=command,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -147,6 +147,7 @@ class BatchShape:
                 int((new * context - new * (new - 1) // 2).sum()),
                 int(context.sum()),
                 int(decode.sum()),
+                int(decode.max()) if num_decodes else 0,
             )
         return self._totals
 
@@ -268,6 +269,18 @@ class RooflineCostModel:
         least ``num_layers x eager_launch_s_per_layer``; the GPU works while
         the host launches, so this is a third roof, not a sum.
 
+    Decode imbalance (on the memory roof: it is attention's time reading the
+    KV cache, so a compute- or launch-bound step hides it): the attention of a decode batch ends with its
+    longest context. With one program per sequence and KV head, the longest
+    one reads ``max - mean`` context tokens after the others are done; a batch
+    too small to fill the GPU splits every context into key ranges, which
+    spreads that tail too. So a step with ``d`` decodes of longest context
+    ``m`` and summed context ``S`` pays
+    ``decode_imbalance_s_per_token x (d x m - S) / max(d, spread)`` seconds,
+    where ``spread = decode_split_programs / KV heads per device`` is the batch
+    at which roseinfer's attention kernel stops splitting (0 for uniform
+    contexts; measured on an H100: see ``calibration/specs.py``).
+
     Communication (on the critical path, added to the step):
       * tensor parallelism: two all-reduces of the activations (``tokens x
         hidden x dtype`` bytes) per layer, after attention and after the MLP
@@ -343,6 +356,9 @@ class RooflineCostModel:
         )
         self._overhead_per_seq_s = device.overhead_per_seq_s
         self._eager_launch_s = device.eager_launch_s_per_layer * model.num_layers
+        self._imbalance_s_per_token = device.decode_imbalance_s_per_token
+        kv_heads_per_device = max(1, model.num_kv_heads // tensor_parallel)
+        self._imbalance_spread_seqs = max(1.0, device.decode_split_programs / kv_heads_per_device)
         self._comm_s, self._comm_s_per_token = self._communication()
 
     def _communication(self) -> tuple[float, float]:
@@ -362,17 +378,19 @@ class RooflineCostModel:
         return fixed, per_token
 
     def pricing_terms(self) -> tuple[float, ...]:
-        """The twelve floats of one step's time, for a compiled pricing loop (the
+        """The fourteen floats of one step's time, for a compiled pricing loop (the
         simulator's) that evaluates :meth:`_time_s`'s expression with them, in its
         order, bit for bit: FLOPs per token, per sequence and per attention pair,
         achievable FLOP/s, weight bytes, KV bytes per token priced at the weights'
         bandwidth, achievable B/s, overhead (s), communication s per step and s
-        per token, overhead s per sequence, launch s of an eager step."""
+        per token, overhead s per sequence, launch s of an eager step, decode
+        imbalance s per token and its spread (sequences)."""
         return (
             self._flops_per_token, self._flops_per_seq, self._flops_per_attn_pair,
             self._achievable_flops, self._weight_bytes, self._kv_priced_bytes_per_token,
             self._achievable_bandwidth, self._overhead_s, self._comm_s, self._comm_s_per_token,
-            self._overhead_per_seq_s, self._eager_launch_s,
+            self._overhead_per_seq_s, self._eager_launch_s, self._imbalance_s_per_token,
+            self._imbalance_spread_seqs,
         )  # fmt: skip
 
     def flops(self, shape: BatchShape) -> float:
@@ -395,7 +413,23 @@ class RooflineCostModel:
         """Seconds one iteration takes; 0.0 for an empty batch."""
         if shape.is_empty:
             return 0.0
-        return float(self._time_s(*self._aggregates(shape)))
+        t = shape.totals()
+        num_decodes = t.num_seqs - t.num_prefills
+        excess = num_decodes * t.decode_max_context - t.decode_context_tokens
+        imbalance_s = self.imbalance_s(float(num_decodes), float(excess))
+        return float(self._time_s(*self._aggregates(shape), imbalance_s))
+
+    def imbalance_s(self, num_decodes: float, excess_tokens: float) -> float:
+        """Seconds the longest decode context adds to a step (see the class doc):
+        ``excess_tokens`` = decodes x longest context - summed context."""
+        if excess_tokens <= 0 or not self._imbalance_s_per_token:
+            return 0.0
+        spread = (
+            num_decodes
+            if num_decodes > self._imbalance_spread_seqs
+            else self._imbalance_spread_seqs
+        )
+        return self._imbalance_s_per_token * excess_tokens / spread
 
     def decode_run_times_s(self, context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of ``num_steps`` pure-decode steps; step ``j`` sees ``context_tokens + j``.
@@ -416,16 +450,19 @@ class RooflineCostModel:
         # Every context grows by one per step, so the summed context grows by
         # num_seqs per step: exact in float64 (integers far below 2**53), so the
         # same values step_time_s sums, with the same arithmetic (bit-identical).
+        # The longest context grows by one too, so the imbalance stays.
+        excess = len(context) * int(context.max()) - int(context.sum())
+        imbalance_s = self.imbalance_s(num_seqs, float(excess))
         if num_steps <= _SCALAR_RUN_STEPS:  # NOTE: numpy's per-call cost dominates short runs
             return np.array(
                 [
-                    self._time_s(num_seqs, num_seqs, x, x)
+                    self._time_s(num_seqs, num_seqs, x, x, imbalance_s)
                     for x in (total + num_seqs * j for j in range(num_steps))
                 ],  # fmt: skip
                 dtype=np.float64,
             )
         sum_context = np.arange(num_steps, dtype=np.float64) * num_seqs + total
-        return np.asarray(self._time_s(num_seqs, num_seqs, sum_context, sum_context))
+        return np.asarray(self._time_s(num_seqs, num_seqs, sum_context, sum_context, imbalance_s))
 
     @property
     def source(self) -> str:
@@ -461,6 +498,11 @@ class RooflineCostModel:
             parts.append(f"{device.overhead_per_seq_s * 1e6:.3g} us/seq")
         if device.eager_launch_s_per_layer:
             parts.append(f"eager steps >= {self._eager_launch_s * 1e3:.2f} ms (launches)")
+        if self._imbalance_s_per_token:
+            parts.append(
+                f"decode imbalance {self._imbalance_s_per_token * 1e6:.3g} us per token of the "
+                f"longest context over the mean (from {self._imbalance_spread_seqs:.0f} seqs)"
+            )
         return "".join(f", {part}" for part in parts)
 
     def __repr__(self) -> str:
@@ -502,10 +544,15 @@ class RooflineCostModel:
         return self._eager_launch_s if runs_eagerly(num_tokens, num_seqs) else 0.0
 
     def _time_s(
-        self, num_tokens: _Num, num_seqs: _Num, attn_pairs: _Num, kv_read_tokens: _Num
+        self,
+        num_tokens: _Num,
+        num_seqs: _Num,
+        attn_pairs: _Num,
+        kv_read_tokens: _Num,
+        imbalance_s: float = 0.0,
     ) -> _Num:
         compute_s = self._flops(num_tokens, num_seqs, attn_pairs) / self._achievable_flops
-        memory_s = self._memory_s(num_tokens, kv_read_tokens)
+        memory_s = self._memory_s(num_tokens, kv_read_tokens) + imbalance_s  # attention's tail
         launch_s = self._launch_s(num_tokens, num_seqs)  # type: ignore[arg-type]
         comm_s = self._comm_s + self._comm_s_per_token * num_tokens
         host_s = self._overhead_s + self._overhead_per_seq_s * num_seqs
@@ -515,12 +562,13 @@ class RooflineCostModel:
         return np.maximum(np.maximum(compute_s, memory_s), launch_s) + host_s + comm_s
 
 
-def runs_eagerly(num_tokens: float, num_seqs: float) -> bool:
+def runs_eagerly(num_tokens: Any, num_seqs: Any) -> Any:
     """Whether an executor launches a step's kernels from the host rather than
     replaying a CUDA graph: any prefill token (more tokens than sequences), or more
-    decodes than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`. The
+    decodes than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`. Takes
+    numbers (returns a bool) or float arrays (returns a bool array, per step). The
     compiled core's ``_Roofline.step_s`` inlines the same rule."""
-    return num_tokens > num_seqs or num_seqs > MAX_GRAPH_BATCH_SIZE
+    return (num_tokens > num_seqs) | (num_seqs > MAX_GRAPH_BATCH_SIZE)
 
 
 def make_cost_model(

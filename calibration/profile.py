@@ -83,6 +83,7 @@ from roseinfer.calibration.step_model import (
     SampleRange,
     StepFit,
     StepModel,
+    decode_spread_seqs,
     fit_step_model,
     shape_aggregates,
 )
@@ -119,7 +120,7 @@ def _step_model_from_json(doc: Mapping[str, Any], samples: Sequence[ProfileSampl
         assert isinstance(fallback, LinearStepModel)
         return InterpolatedStepModel.of_samples(str(doc["name"]), agg, targets, fallback)
     knots = tuple(float(k) for k in doc["token_knots"])
-    model = LinearStepModel(str(doc["name"]), knots, ())
+    model = LinearStepModel(str(doc["name"]), knots, (), float(doc.get("decode_spread_seqs", 0.0)))
     coefficients = tuple(float(doc["coefficients"][n]) for n in model.feature_names)
     return dataclasses.replace(model, coefficients=coefficients)
 
@@ -184,13 +185,14 @@ class Profile:
             ProfileError: with fewer than 10 samples.
         """
         samples = list(samples)
+        spread = decode_spread_seqs(executor, model_spec.num_kv_heads if model_spec else None)
         return cls(
             model_name=model_name,
             model_spec=model_spec,
             executor=dict(executor),
             environment=dict(environment),
             samples=samples,
-            step_fit=fit_step_model(samples, seed, use),
+            step_fit=fit_step_model(samples, seed, use, spread),
             roofline=None
             if model_spec is None
             else calibrate_roofline(model_spec, samples, base_device, seed, overhead_samples),

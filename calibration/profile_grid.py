@@ -8,11 +8,19 @@ sizes captured as graphs) the scheduler produces:
 * prefills of one prompt, from 2 tokens to the whole token budget (chunked
   prefill cuts longer prompts at the budget), each with no cached context, half
   the room left and all of it cached: a prefix-cache hit or earlier chunks are
-  whole blocks, so cached contexts are multiples of ``block_size``;
+  whole blocks, so cached contexts are multiples of ``block_size``. The counts
+  are the powers of two and, on a GPU (where decode graphs exist), odd counts
+  between them (x 1.41, | 1): a GEMM computes whole tiles of 64-256 rows, so a
+  served prompt of 1,035 tokens costs more per token than one of 1,024 (on an
+  H100, real prefills of 300-1,100 tokens took 3-15% longer than a grid of
+  powers of two predicted);
 * batches of several prompts, with and without a shared cached prefix (a burst
   of one system prompt: the first prompt computes it, the others hit it);
 * decode batches x context lengths up to ``max_model_len``, with every sequence
-  at one context and with contexts spread. A decode batch runs as the next
+  at one context, with contexts spread evenly, and on a GPU skewed as served
+  contexts are (log-normal: a few long ones among many short ones; a batch's
+  attention ends with its longest context, which an even spread does not
+  show). A decode batch runs as the next
   captured CUDA graph's size (padded), so where graphs exist the grid samples
   exactly those sizes (plus ``max_num_seqs``, which may run eager); without
   graphs it samples 1, 2, 4, ... ``max_num_seqs``;
@@ -58,6 +66,8 @@ MULTI_PREFILL_TOKENS = (16, 64, 256)  # mean prompt lengths of multi-prompt pref
 SHARED_PREFIX_BLOCKS = 3  # cached blocks in front of each prompt of a shared-prefix burst
 MIXED_DECODES = (4, 16, 64)  # decode counts beside a prefill chunk (and half max_num_seqs)
 DECODE_CONTEXT_FACTOR = 4.0  # decode contexts 16, 64, 256, ... up to the longest
+OFF_GRID_FACTOR = 2.0**0.5  # prefill counts between the powers of two (odd: off the tiles)
+SKEW_SIGMA = 1.0  # log-normal spread of a skewed decode batch (median: the context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +156,11 @@ def decode_batch_sizes(limits: GridLimits) -> list[int]:
 def _prefill_shapes(limits: GridLimits) -> list[Shape]:
     """Single prompts or chunks: new tokens x cached context (none, half, all the room)."""
     top = min(limits.max_num_batched_tokens, limits.max_context)
+    counts = set(_geometric(MIN_PREFILL_TOKENS, top))
+    if limits.graph_batch_sizes:  # a GPU: odd counts between two powers, off the tiles
+        counts |= {int(n * OFF_GRID_FACTOR) | 1 for n in counts if int(n * OFF_GRID_FACTOR) < top}
     shapes: list[Shape] = []
-    for new in _geometric(MIN_PREFILL_TOKENS, top):
+    for new in sorted(counts):
         room = limits.max_context - new
         cached = {0, _blocks_below(room // 2, limits.block_size),
                   _blocks_below(room, limits.block_size)}  # fmt: skip
@@ -187,17 +200,24 @@ def _fits(seqs: Sequence[tuple[int, int]], limits: GridLimits) -> bool:
 
 
 def _decode_shapes(limits: GridLimits, rng: np.random.Generator) -> list[Shape]:
-    """Decode batches x contexts: all equal, and spread uniformly over [1, 2 x context]."""
+    """Decode batches x contexts: all equal, spread uniformly over [1, 2 x context],
+    and on a GPU skewed (log-normal around ``context``, :data:`SKEW_SIGMA`)."""
     shapes: list[Shape] = []
     for batch in decode_batch_sizes(limits):
         for context in _geometric(16, limits.max_context, DECODE_CONTEXT_FACTOR):
             if batch * context > limits.kv_capacity_tokens:
                 continue
             shapes.append(("decode", [(1, context)] * batch))
-            if batch > 1:
-                spread = np.minimum(rng.integers(1, 2 * context + 1, batch), limits.max_context)
-                if spread.sum() <= limits.kv_capacity_tokens:
-                    shapes.append(("decode", [(1, int(c)) for c in spread]))
+            if batch == 1:
+                continue
+            variants = [rng.integers(1, 2 * context + 1, batch)]
+            if limits.graph_batch_sizes:
+                skew = rng.lognormal(0.0, SKEW_SIGMA, batch)
+                variants.append(np.rint(context * skew).astype(np.int64))
+            for contexts in variants:
+                contexts = np.clip(contexts, 1, limits.max_context)
+                if contexts.sum() <= limits.kv_capacity_tokens:
+                    shapes.append(("decode", [(1, int(c)) for c in contexts]))
     return shapes
 
 

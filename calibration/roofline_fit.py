@@ -487,18 +487,19 @@ class DeviceFit:
             kv_bandwidth_efficiency=None if kv is None else round(kv, 4),
             overhead_per_seq_s=round(d.overhead_per_seq_s, 9),
             eager_launch_s_per_layer=round(d.eager_launch_s_per_layer, 8),
+            decode_imbalance_s_per_token=round(d.decode_imbalance_s_per_token, 10),
         )  # fmt: skip
 
 
 DEVICE_CONSTANTS = (
     "mfu", "bandwidth_efficiency", "kv_bandwidth_efficiency", "overhead_s",
-    "overhead_per_seq_s", "eager_launch_s_per_layer",
+    "overhead_per_seq_s", "eager_launch_s_per_layer", "decode_imbalance_s_per_token",
 )  # fmt: skip
 """The constants :func:`fit_device_constants` fits, in its parameter order."""
-_STARTS = ((0.6, 0.8, 0.6, 1e-3, 1e-5, 3e-4), (0.4, 0.6, 0.9, 3e-3, 0.0, 0.0))
+_STARTS = ((0.6, 0.8, 0.6, 1e-3, 1e-5, 3e-4, 1e-6), (0.4, 0.6, 0.9, 3e-3, 0.0, 0.0, 0.0))
 """Starting points of the fit (the ``max`` roofs make the error non-convex; the
 best of these wins). Units as :data:`DEVICE_CONSTANTS`."""
-_SCALE = np.array([1.0, 1.0, 1.0, 1e-3, 1e-6, 1e-4])  # parameters fitted near 1
+_SCALE = np.array([1.0, 1.0, 1.0, 1e-3, 1e-6, 1e-4, 1e-6])  # parameters fitted near 1
 
 
 def fit_device_constants(
@@ -506,6 +507,7 @@ def fit_device_constants(
     fitted: Sequence[ModelSteps],
     checks: Sequence[ModelSteps] = (),
     seed: int = 0,
+    imbalance_steps: Sequence[ModelSteps] = (),
 ) -> DeviceFit:
     """Fit the roofline constants of ``base`` (:data:`DEVICE_CONSTANTS`) to
     measured steps of the ``fitted`` model shapes.
@@ -515,7 +517,9 @@ def fit_device_constants(
 
         max(FLOPs / (peak x mfu),
             weight bytes / (bandwidth x bandwidth_efficiency)
-              + KV bytes / (bandwidth x kv_bandwidth_efficiency),
+              + KV bytes / (bandwidth x kv_bandwidth_efficiency)
+              + decode_imbalance_s_per_token x (decodes x longest - summed context)
+                / max(decodes, base.decode_split_programs / KV heads),
             eager x num_layers x eager_launch_s_per_layer)
         + overhead_s + overhead_per_seq_s x sequences
 
@@ -524,8 +528,18 @@ def fit_device_constants(
     :data:`_STARTS`; the lowest cost wins). Two shapes of different widths keep
     the per-step overhead apart from streaming one model's weights (the same
     bytes every step of one model); decodes at several contexts keep KV apart
-    from weights; small prefills, which run eagerly, pin the launch roof.
+    from weights; small prefills, which run eagerly, pin the launch roof;
+    decode batches of spread contexts (one long among short ones) pin the
+    imbalance (0 when ``base.decode_split_programs`` is 0).
     ``checks`` are shapes left out, priced with the result.
+
+    A profile's spread decode batches have evenly spread contexts; a served
+    workload's are skewed (a few long contexts among many short ones), which
+    unbalances a step more per token of ``longest - mean``. With
+    ``imbalance_steps`` (real runs' step logs), the imbalance is fitted to their
+    decode steps instead, in a second stage: the other six constants are fitted
+    first with no imbalance term, then ``decode_imbalance_s_per_token`` alone
+    minimizes the squared relative error of those steps (closed form, >= 0).
 
     Args:
         base: the datasheet spec (its peaks stay).
@@ -533,6 +547,8 @@ def fit_device_constants(
             a step costs (a profile's median plus host time, or a logged duration).
         checks: ``(model, steps)`` per shape to check.
         seed: the held-out split.
+        imbalance_steps: ``(model, steps)`` of served runs to fit the decode
+            imbalance to (empty: fit it with the rest, from ``fitted``).
 
     Raises:
         ProfileError: with fewer than 10 steps.
@@ -542,32 +558,80 @@ def fit_device_constants(
         raise ProfileError(f"a device fit needs >= 10 measured steps, got {len(samples)}")
     terms = np.vstack([_device_terms(model, steps, base) for model, steps in fitted if steps])
     targets = np.array([s.target_s for s in samples])
+    imbalance = _decode_terms(imbalance_steps, base)
+    fit_terms = terms.copy()
+    if imbalance is not None:
+        fit_terms[:, 6] = 0.0  # the profiles' evenly spread batches do not set it
     train, test = _split(len(samples), seed)
-    held = _fit_constants(terms[train], targets[train])
+    held = _with_imbalance(_fit_constants(fit_terms[train], targets[train]), imbalance)
     held_out = HeldOutError.of(_price(terms[test], held), targets[test])
-    device, clamped = _with_constants(base, _fit_constants(terms, targets))
+    constants = _with_imbalance(_fit_constants(fit_terms, targets), imbalance)
+    device, clamped = _with_constants(base, constants)
     return DeviceFit(
         device, held_out, {m.name: _roofline_error(m, device, s) for m, s in fitted},
         {m.name: _roofline_error(m, device, s) for m, s in checks}, len(samples), clamped,
     )  # fmt: skip
 
 
+def _decode_terms(
+    runs: Sequence[ModelSteps], base: DeviceSpec
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_device_terms` and targets of the pure-decode steps of ``runs``
+    (None without runs).
+
+    Raises:
+        ProfileError: when the runs hold fewer than 10 decode steps.
+    """
+    if not runs:
+        return None
+    pairs = [(m, [s for s in steps if s.shape.totals().num_prefills == 0]) for m, steps in runs]
+    decodes = [s for _, steps in pairs for s in steps]
+    if len(decodes) < 10:
+        raise ProfileError(f"the imbalance fit needs >= 10 decode steps, got {len(decodes)}")
+    terms = np.vstack([_device_terms(m, steps, base) for m, steps in pairs if steps])
+    return terms, np.array([s.target_s for s in decodes])
+
+
+def _with_imbalance(
+    constants: np.ndarray, imbalance: tuple[np.ndarray, np.ndarray] | None
+) -> np.ndarray:
+    """``constants`` with ``decode_imbalance_s_per_token`` fitted alone to the
+    decode steps of ``imbalance`` (unchanged when None): the ``c >= 0`` that
+    minimizes the squared relative error of ``price(c = 0) + c x``."""
+    if imbalance is None:
+        return constants
+    terms, targets = imbalance
+    out = constants.copy()
+    out[6] = 0.0
+    base = _price(terms, out) / targets
+    x = terms[:, 6] / targets
+    out[6] = max(0.0, float(x @ (1.0 - base) / (x @ x))) if x @ x > 0 else 0.0
+    return out
+
+
 def _device_terms(model: ModelSpec, steps: Sequence[ProfileSample], base: DeviceSpec) -> np.ndarray:
-    """``[n, 6]`` per step: seconds of its FLOPs at ``base``'s peak, of its weight
+    """``[n, 7]`` per step: seconds of its FLOPs at ``base``'s peak, of its weight
     bytes and its KV bytes at ``base``'s peak bandwidth, its sequences, its
-    layers if it runs eagerly (else 0), and 1 (the per-step overhead)."""
+    layers if it runs eagerly (else 0), 1 (the per-step overhead), and its decode
+    imbalance at 1 s per token (0 when ``base`` has no split rule)."""
     probe = RooflineCostModel(model, _UNIT_DEVICE)
+    unit = RooflineCostModel(model, dataclasses.replace(base, decode_imbalance_s_per_token=1.0))
     weight_bytes = float(model.streamed_weight_bytes)
     rows = []
     for step in steps:
         totals = step.shape.totals()
         tokens, seqs = float(totals.num_tokens), float(totals.num_seqs)
         eager = runs_eagerly(tokens, seqs)
+        decodes = totals.num_seqs - totals.num_prefills
+        excess = decodes * totals.decode_max_context - totals.decode_context_tokens
+        imbalance = (
+            unit.imbalance_s(float(decodes), float(excess)) if base.decode_split_programs else 0.0
+        )
         rows.append((
             probe.flops(step.shape) / base.peak_flops,
             weight_bytes / base.mem_bandwidth,
             (probe.memory_bytes(step.shape) - weight_bytes) / base.mem_bandwidth,
-            seqs, float(model.num_layers) if eager else 0.0, 1.0,
+            seqs, float(model.num_layers) if eager else 0.0, 1.0, imbalance,
         ))  # fmt: skip
     return np.array(rows)
 
@@ -575,9 +639,9 @@ def _device_terms(model: ModelSpec, steps: Sequence[ProfileSample], base: Device
 def _price(terms: np.ndarray, constants: np.ndarray) -> np.ndarray:
     """Seconds of each step of ``terms`` (:func:`_device_terms`) at ``constants``
     (:data:`DEVICE_CONSTANTS` order)."""
-    mfu, bandwidth, kv_bandwidth, overhead_s, per_seq_s, launch_s = constants
+    mfu, bandwidth, kv_bandwidth, overhead_s, per_seq_s, launch_s, imbalance_s = constants
     compute = terms[:, 0] / mfu
-    memory = terms[:, 1] / bandwidth + terms[:, 2] / kv_bandwidth
+    memory = terms[:, 1] / bandwidth + terms[:, 2] / kv_bandwidth + imbalance_s * terms[:, 6]
     launch = terms[:, 4] * launch_s
     return np.maximum(np.maximum(compute, memory), launch) + overhead_s + per_seq_s * terms[:, 3]
 
@@ -587,8 +651,8 @@ def _fit_constants(terms: np.ndarray, targets_s: np.ndarray) -> np.ndarray:
     efficiencies bounded to (0, 1], the seconds to >= 0."""
     from scipy.optimize import least_squares
 
-    low = np.array([1e-3, 1e-3, 1e-3, 0.0, 0.0, 0.0])
-    high = np.array([1.0, 1.0, 1.0, np.inf, np.inf, np.inf])
+    low = np.array([1e-3, 1e-3, 1e-3, 0.0, 0.0, 0.0, 0.0])
+    high = np.array([1.0, 1.0, 1.0, np.inf, np.inf, np.inf, np.inf])
 
     def residuals(x: np.ndarray) -> np.ndarray:
         return _price(terms, x * _SCALE) / targets_s - 1.0
@@ -615,7 +679,8 @@ def _with_constants(base: DeviceSpec, constants: np.ndarray) -> tuple[DeviceSpec
         base, mfu=values["mfu"], bandwidth_efficiency=values["bandwidth_efficiency"],
         kv_bandwidth_efficiency=values["kv_bandwidth_efficiency"], overhead_s=values["overhead_s"],
         overhead_per_seq_s=values["overhead_per_seq_s"],
-        eager_launch_s_per_layer=values["eager_launch_s_per_layer"], provenance=None,
+        eager_launch_s_per_layer=values["eager_launch_s_per_layer"],
+        decode_imbalance_s_per_token=values["decode_imbalance_s_per_token"], provenance=None,
     )  # fmt: skip
     return device, clamped
 

@@ -249,6 +249,16 @@ class DeviceSpec:
             least ``num_layers`` times this, a third roof beside compute and
             memory (>= 0; 0: launches never bound a step, as the datasheet
             specs assume).
+        decode_imbalance_s_per_token: seconds per token by which the longest
+            decode context of a step exceeds the mean, in a batch large enough
+            not to split keys (>= 0; 0: contexts never unbalance a step, as the
+            datasheet specs assume). See
+            :class:`~roseinfer.calibration.cost_model.RooflineCostModel`.
+        decode_split_programs: attention programs (sequences x KV heads) a
+            decode batch needs before roseinfer's Triton kernel stops splitting
+            keys (``attn_triton.SPLIT_TARGET_WAVES`` x SMs: 4 x 132 = 528 on an
+            H100 SXM); smaller batches spread the imbalance over the splits
+            (0: no splits).
         dtype_bytes: bytes per element of the dtype models run in on this
             device (2 = bf16 on GPUs; the cpu spec assumes fp32, 4).
         link: name of the link between the GPUs of one server (a :data:`LINKS`
@@ -270,6 +280,8 @@ class DeviceSpec:
     kv_bandwidth_efficiency: float | None = None
     overhead_per_seq_s: float = 0.0
     eager_launch_s_per_layer: float = 0.0
+    decode_imbalance_s_per_token: float = 0.0
+    decode_split_programs: int = 0
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
@@ -277,7 +289,8 @@ class DeviceSpec:
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
                 raise ValueError(f"DeviceSpec.{name} must be in (0, 1], got {value}")
-        for name in ("overhead_s", "overhead_per_seq_s", "eager_launch_s_per_layer"):
+        for name in ("overhead_s", "overhead_per_seq_s", "eager_launch_s_per_layer",
+                     "decode_imbalance_s_per_token", "decode_split_programs"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"DeviceSpec.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -381,7 +394,8 @@ class Measurement:
 
     Attributes:
         mfu, bandwidth_efficiency, overhead_s, kv_bandwidth_efficiency,
-        overhead_per_seq_s, eager_launch_s_per_layer: as :class:`DeviceSpec`'s.
+        overhead_per_seq_s, eager_launch_s_per_layer, decode_imbalance_s_per_token:
+        as :class:`DeviceSpec`'s.
         provenance: the measurement (kind ``measured``).
     """
 
@@ -392,6 +406,7 @@ class Measurement:
     kv_bandwidth_efficiency: float | None = None
     overhead_per_seq_s: float = 0.0
     eager_launch_s_per_layer: float = 0.0
+    decode_imbalance_s_per_token: float = 0.0
 
     def apply(self, datasheet: DeviceSpec) -> DeviceSpec:
         """``datasheet`` with these constants and this provenance."""
@@ -399,7 +414,9 @@ class Measurement:
             datasheet, mfu=self.mfu, bandwidth_efficiency=self.bandwidth_efficiency,
             overhead_s=self.overhead_s, kv_bandwidth_efficiency=self.kv_bandwidth_efficiency,
             overhead_per_seq_s=self.overhead_per_seq_s,
-            eager_launch_s_per_layer=self.eager_launch_s_per_layer, provenance=self.provenance,
+            eager_launch_s_per_layer=self.eager_launch_s_per_layer,
+            decode_imbalance_s_per_token=self.decode_imbalance_s_per_token,
+            provenance=self.provenance,
         )  # fmt: skip
 
 
@@ -551,6 +568,7 @@ MEASURED: dict[str, Measurement] = {
         kv_bandwidth_efficiency=0.6995,
         overhead_per_seq_s=9.828e-06,
         eager_launch_s_per_layer=0.00031964,
+        decode_imbalance_s_per_token=2.0246e-06,
         provenance=Provenance(
             kind="measured",
             source="benchmarks/gpu/results/h100-2026-11-26/llama-3.1-8b.json benchmarks/gpu/results/h100-2026-11-26/qwen2.5-7b.json benchmarks/gpu/results/h100-2026-11-26/llama-3.2-3b.json benchmarks/gpu/results/h100-2026-11-26/steps-budget.jsonl",
@@ -558,13 +576,13 @@ MEASURED: dict[str, Measurement] = {
             driver="580.159.04",
             torch="2.11.0+cu130",
             date="2026-11-26",
-            command="bash benchmarks/gpu/fit_h100.sh (the profiles); python benchmarks/fit_device_spec.py --device h100-sxm --fit R/llama-3.1-8b.json R/qwen2.5-7b.json --check R/llama-3.2-3b.json R/steps-budget.jsonl --write-specs (R: the source's folder)",
+            command="bash benchmarks/gpu/fit_h100.sh (the profiles); python benchmarks/fit_device_spec.py --device h100-sxm --fit R/llama-3.1-8b.json R/qwen2.5-7b.json --check R/llama-3.2-3b.json --imbalance-steps R/steps-budget.jsonl --write-specs (R: the source's folder)",
             models=("llama-3.1-8b", "qwen2.5-7b"),
             num_steps=502,
-            median_step_error=0.0188,
+            median_step_error=0.0224,
             p90_step_error=0.0896,
             check_model="llama-3.2-3b",
-            check_median_step_error=0.0693,
+            check_median_step_error=0.0832,
         ),
     ),
 }
@@ -578,7 +596,8 @@ def _measured(datasheet: DeviceSpec) -> DeviceSpec:
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 tensor 312
-# TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB.
+# TFLOPS dense (624 with sparsity), HBM2e 2,039 GB/s, 80 GB. 108 SMs (NVIDIA
+# A100 Tensor Core GPU Architecture whitepaper), so 4 x 108 decode programs.
 _A100_80GB = DeviceSpec(
     name="a100-80gb",
     peak_flops=312 * TERA,
@@ -588,13 +607,15 @@ _A100_80GB = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink3",
+    decode_split_programs=4 * 108,
     provenance=Provenance(
         kind="datasheet",
         source=f"NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM); {_GPU_ASSUMED}",
     ),
 )
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 tensor 1,979 TFLOPS
-# with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB.
+# with sparsity, so 989 dense; HBM3 3.35 TB/s; 80 GB. 132 SMs (NVIDIA H100
+# Tensor Core GPU Architecture whitepaper, SXM5), so 4 x 132 decode programs.
 _H100_SXM = DeviceSpec(
     name="h100-sxm",
     peak_flops=989 * TERA,
@@ -604,13 +625,14 @@ _H100_SXM = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink4",
+    decode_split_programs=4 * 132,
     provenance=Provenance(
         kind="datasheet",
         source=f"NVIDIA H100 Tensor Core GPU datasheet (H100 SXM); {_GPU_ASSUMED}",
     ),
 )
 # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute as H100 SXM
-# (989 TFLOPS BF16 dense), HBM3e 4.8 TB/s, 141 GB.
+# (989 TFLOPS BF16 dense), HBM3e 4.8 TB/s, 141 GB; the H100's 132 SMs.
 _H200 = DeviceSpec(
     name="h200",
     peak_flops=989 * TERA,
@@ -620,6 +642,7 @@ _H200 = DeviceSpec(
     bandwidth_efficiency=_GPU_BANDWIDTH_EFFICIENCY,
     overhead_s=_GPU_OVERHEAD_S,
     link="nvlink4",
+    decode_split_programs=4 * 132,
     provenance=Provenance(
         kind="datasheet",
         source=f"NVIDIA H200 Tensor Core GPU datasheet (H200 SXM); {_GPU_ASSUMED}",

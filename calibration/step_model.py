@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import BatchShape, StepTotals
+from roseinfer.calibration.cost_model import BatchShape, StepTotals, runs_eagerly
 from roseinfer.metrics.schema import (
     MAX_EXTRAPOLATION,
     MAX_EXTRAPOLATION_AXIS,
@@ -45,7 +45,19 @@ BASIS_TERMS = (
     "prefills",  # per prefill chunk: its own attention call per layer
     "decode_context_tokens",  # context each decode reads: memory-bound attention
 )
-"""Aggregates of a step's batch shape the fitted models use, in column order."""
+"""Aggregates of a step's batch shape the linear models use, in column order."""
+AGGREGATES = (*BASIS_TERMS, "decode_max_context")
+"""The columns of :func:`shape_aggregates`: the basis, then the longest decode
+context (read only by the GPU terms)."""
+GPU_TERMS = (
+    "eager",  # 1 for a step not replayed from a CUDA graph: host launches of every layer
+    "decode_imbalance",  # the longest decode context's excess over the mean, spread
+)
+"""Features a step model of a CUDA-graph executor adds (``decode_spread_seqs`` >
+0): a graph-replayed decode and an eager step differ by the launches, which a
+linear basis cannot tell from a larger batch, and a decode batch's attention
+ends with its longest context (see
+:class:`~roseinfer.calibration.cost_model.RooflineCostModel`)."""
 
 TRAIN_FRACTION = 0.8  # share of samples fitted on; the rest measure held-out error
 TOKEN_KNOT_FRACTIONS = (0.01, 0.03, 0.1, 0.3)  # hinge knots as fractions of the largest step
@@ -132,7 +144,7 @@ class ProfileSample:
 
 
 def shape_aggregates(shape: BatchShape) -> np.ndarray:
-    """The :data:`BASIS_TERMS` of one step, float64 ``[len(BASIS_TERMS)]``.
+    """The :data:`AGGREGATES` of one step, float64 ``[len(AGGREGATES)]``.
 
     Prefill attention pairs count causal attention: a chunk of ``n`` new tokens
     ending at context ``c`` has ``n * c - n * (n - 1) / 2`` (query, key) pairs,
@@ -148,19 +160,21 @@ def shape_aggregates(shape: BatchShape) -> np.ndarray:
             float(t.prefill_context_tokens),
             float(t.num_prefills),
             float(t.decode_context_tokens),
+            float(t.decode_max_context),
         ]
     )
 
 
 def _decode_run_aggregates(context_tokens: np.ndarray, num_steps: int) -> np.ndarray:
-    """Aggregates ``[num_steps, len(BASIS_TERMS)]`` of a pure-decode run whose
+    """Aggregates ``[num_steps, len(AGGREGATES)]`` of a pure-decode run whose
     contexts grow by one per step (vectorized :func:`shape_aggregates`)."""
     num_seqs = float(len(context_tokens))
-    agg = np.zeros((num_steps, len(BASIS_TERMS)))
+    agg = np.zeros((num_steps, len(AGGREGATES)))
     agg[:, 0] = 1.0
     agg[:, 1] = num_seqs
     agg[:, 2] = num_seqs
     agg[:, 6] = float(context_tokens.sum()) + num_seqs * np.arange(num_steps)
+    agg[:, 7] = float(context_tokens.max(initial=0)) + np.arange(num_steps)
     return agg
 
 
@@ -173,22 +187,29 @@ class LinearStepModel:
 
     Features are the :data:`BASIS_TERMS` plus hinges ``max(0, tokens - knot)``
     for each knot in ``token_knots`` (a convex, non-decreasing response to the
-    token count, like the roofline's ``max(bytes / bw, flops / peak)``).
+    token count, like the roofline's ``max(bytes / bw, flops / peak)``), plus the
+    :data:`GPU_TERMS` when ``decode_spread_seqs`` is set: 1 for a step that runs
+    eagerly (:func:`~roseinfer.calibration.cost_model.runs_eagerly`), and
+    ``(decodes x longest - summed decode context) / max(decodes, decode_spread_seqs)``.
 
     Attributes:
         name: candidate name (``linear``, ``hinge``).
         token_knots: hinge positions (tokens).
         coefficients: one per feature (s per unit).
+        decode_spread_seqs: the decode batch at which the executor's attention
+            stops splitting keys (0: no GPU terms; a CPU profile).
     """
 
     name: str
     token_knots: tuple[float, ...]
     coefficients: tuple[float, ...]
+    decode_spread_seqs: float = 0.0
 
     @property
     def feature_names(self) -> list[str]:
         """Names of the features, in coefficient order."""
-        return [*BASIS_TERMS, *(f"tokens_over_{k:g}" for k in self.token_knots)]
+        gpu = GPU_TERMS if self.decode_spread_seqs > 0 else ()
+        return [*BASIS_TERMS, *(f"tokens_over_{k:g}" for k in self.token_knots), *gpu]
 
     def predict(self, aggregates: np.ndarray) -> np.ndarray:
         """Seconds of each row of ``aggregates`` ``[n, len(BASIS_TERMS)]``.
@@ -197,7 +218,7 @@ class LinearStepModel:
         a whole decode run give bit-identical seconds (the simulator's jump
         over decode runs must equal stepping one by one).
         """
-        features = _features(aggregates, self.token_knots)
+        features = _features(aggregates, self.token_knots, self.decode_spread_seqs)
         total = np.zeros(len(features))
         for column, coefficient in zip(features.T, self.coefficients):
             total = total + column * coefficient
@@ -205,7 +226,12 @@ class LinearStepModel:
 
     @classmethod
     def fit(
-        cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, knots: Sequence[float]
+        cls,
+        name: str,
+        aggregates: np.ndarray,
+        targets_s: np.ndarray,
+        knots: Sequence[float],
+        decode_spread_seqs: float = 0.0,
     ) -> LinearStepModel:
         """Non-negative least squares on relative error, fitting the *mean* step time,
         robust to a few outlying steps.
@@ -228,7 +254,7 @@ class LinearStepModel:
         """
         from scipy.optimize import nnls
 
-        features = _features(aggregates, tuple(knots))
+        features = _features(aggregates, tuple(knots), decode_spread_seqs)
         scale = features.max(axis=0)
         scale[scale == 0] = 1.0  # a term absent from every sample keeps coefficient 0
         unit = features / scale
@@ -239,22 +265,39 @@ class LinearStepModel:
             predicted = unit @ solution
             weights = np.where(predicted > 0, predicted, targets_s)
             robust = huber_weights((targets_s - weights) / weights)
-        return cls(name, tuple(float(k) for k in knots), tuple((solution / scale).tolist()))
+        coefficients = tuple((solution / scale).tolist())
+        return cls(name, tuple(float(k) for k in knots), coefficients, decode_spread_seqs)
 
     def to_json(self) -> dict[str, Any]:
         """Fit description for PROFILE.json: names and coefficients."""
-        return {
+        doc: dict[str, Any] = {
             "kind": "linear",
             "name": self.name,
             "token_knots": list(self.token_knots),
             "coefficients": dict(zip(self.feature_names, self.coefficients)),
         }
+        if self.decode_spread_seqs > 0:
+            doc["decode_spread_seqs"] = self.decode_spread_seqs
+        return doc
 
 
-def _features(aggregates: np.ndarray, knots: tuple[float, ...]) -> np.ndarray:
+def _features(
+    aggregates: np.ndarray, knots: tuple[float, ...], decode_spread_seqs: float = 0.0
+) -> np.ndarray:
+    """``[n, features]``: the basis columns, the token hinges, and the
+    :data:`GPU_TERMS` when ``decode_spread_seqs`` > 0."""
+    basis = aggregates[:, : len(BASIS_TERMS)]
     tokens = aggregates[:, 2:3]
-    hinges = [np.maximum(0.0, tokens - k) for k in knots]
-    return np.hstack([aggregates, *hinges]) if hinges else aggregates
+    columns = [basis, *(np.maximum(0.0, tokens - k) for k in knots)]
+    if decode_spread_seqs > 0:
+        seqs = aggregates[:, 1]
+        eager = runs_eagerly(aggregates[:, 2], seqs).astype(np.float64)
+        decodes = seqs - aggregates[:, 5]
+        excess = decodes * aggregates[:, 7] - aggregates[:, 6]
+        spread = np.maximum(decodes, decode_spread_seqs)
+        imbalance = np.where(excess > 0, excess / spread, 0.0)
+        columns += [eager[:, None], imbalance[:, None]]
+    return np.hstack(columns) if len(columns) > 1 else basis
 
 
 @dataclass(frozen=True)
@@ -379,20 +422,21 @@ def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarra
 CandidateFit = Callable[[np.ndarray, np.ndarray], StepModel]
 
 
-def _candidates(max_tokens: float) -> dict[str, CandidateFit]:
-    """The step-model candidates, each a function ``(aggregates, targets) -> model``."""
+def _candidates(max_tokens: float, decode_spread_seqs: float = 0.0) -> dict[str, CandidateFit]:
+    """The step-model candidates, each a function ``(aggregates, targets) -> model``
+    (``decode_spread_seqs``: :class:`LinearStepModel`'s)."""
     knots = tuple(
         sorted({round(f * max_tokens) for f in TOKEN_KNOT_FRACTIONS if f * max_tokens > 1})
     )
 
     def linear(agg: np.ndarray, y: np.ndarray) -> StepModel:
-        return LinearStepModel.fit("linear", agg, y, ())
+        return LinearStepModel.fit("linear", agg, y, (), decode_spread_seqs)
 
     def hinge(agg: np.ndarray, y: np.ndarray) -> StepModel:
-        return LinearStepModel.fit("hinge", agg, y, knots)
+        return LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
 
     def interp(agg: np.ndarray, y: np.ndarray) -> StepModel:
-        fallback = LinearStepModel.fit("hinge", agg, y, knots)
+        fallback = LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
         return InterpolatedStepModel.of_samples("interp", agg, y, fallback)
 
     return {"linear": linear, "hinge": hinge, "interp": interp}
@@ -455,7 +499,10 @@ project's 2-core VM) priced each run from its own log within a mean 1.0% (worst
 
 
 def fit_step_model(
-    samples: Sequence[ProfileSample], seed: int = 0, use: str | None = None
+    samples: Sequence[ProfileSample],
+    seed: int = 0,
+    use: str | None = None,
+    decode_spread_seqs: float = 0.0,
 ) -> StepFit:
     """Fit every candidate on a random split, keep the best, refit it on all samples.
 
@@ -467,6 +514,8 @@ def fit_step_model(
         seed: of the random split.
         use: a candidate to keep whatever the scores (they are still measured);
             ``None``: the best score. Step logs pass :data:`STEP_LOG_MODEL`.
+        decode_spread_seqs: > 0 adds the :data:`GPU_TERMS` to the linear models
+            (:func:`decode_spread_seqs` of the profile's executor).
 
     Raises:
         ProfileError: with fewer than 10 samples.
@@ -477,7 +526,7 @@ def fit_step_model(
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])
     targets = np.array([s.target_s for s in samples])
     train, test = _split(len(samples), seed)
-    candidates = _candidates(float(agg[:, 2].max()))
+    candidates = _candidates(float(agg[:, 2].max()), decode_spread_seqs)
     if use is not None and use not in candidates:
         raise ValueError(f"use must be one of {', '.join(candidates)}, got {use!r}")
     held_out = {}
@@ -486,6 +535,18 @@ def fit_step_model(
         held_out[name] = HeldOutError.of(model.predict(agg[test]), targets[test])
     best = use or _select(held_out)
     return StepFit(candidates[best](agg, targets), held_out, seed, used=use)
+
+
+def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) -> float:
+    """The decode batch at which a profiled executor's attention stops splitting
+    keys: its ``decode_split_programs`` (recorded on CUDA with CUDA graphs) over
+    the model's KV heads; 0.0 when either is unknown (a CPU profile, an old file),
+    so the step model has no :data:`GPU_TERMS`."""
+    programs = executor.get("decode_split_programs") or 0
+    graphs = executor.get("cuda_graph_batch_sizes") or ()
+    if not (programs and graphs and num_kv_heads):
+        return 0.0
+    return max(1.0, float(programs) / num_kv_heads)
 
 
 SIMPLER_WINS_WITHIN = 0.10  # a more complex candidate must beat a simpler one by 10%

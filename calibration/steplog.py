@@ -41,6 +41,7 @@ scheduler class (``ROSEINFER_STEP_LOG``) write this schema; any engine can.
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -374,16 +375,23 @@ def first_line_schema(path: str | Path) -> str | None:
     if not Path(path).is_file():  # a device (/dev/zero) or a folder: never read
         return None
     try:
-        with open(path) as f:
+        with _open_text(path) as f:
             first = f.readline(1 << 20)
         schema = json.loads(first).get("schema")
-    except (OSError, ValueError, AttributeError, RecursionError):
+    except (OSError, EOFError, ValueError, AttributeError, RecursionError):
         return None
     return schema if isinstance(schema, str) else None
 
 
+def _open_text(path: str | Path) -> IO[str]:
+    """``path`` opened for reading text, through gzip when it ends in ``.gz``."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rt")
+    return open(path)
+
+
 def load_step_log(path: str | Path) -> StepLogFile:
-    """Read a step log.
+    """Read a step log (``FILE.jsonl``, or gzipped ``FILE.jsonl.gz``).
 
     Raises:
         StepLogError: if the file is missing, is not a step log, or a line is
@@ -392,9 +400,11 @@ def load_step_log(path: str | Path) -> StepLogFile:
     if Path(path).exists() and not Path(path).is_file():  # a device or a folder: never read
         raise StepLogError(f"{path}: not a file; give a step log (--save-steps writes one)")
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise StepLogError(f"cannot read step log {path}: {err.strerror}") from None
+        with _open_text(path) as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        raise StepLogError(f"cannot read step log {path}: {why}") from None
     except UnicodeDecodeError:
         raise StepLogError(f"{path} is not a text file; expected a step log (JSON lines)") from None
     header = _header(path, lines[0] if lines else "")

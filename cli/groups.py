@@ -135,9 +135,8 @@ def _add_synthetic_args(g: argparse._ArgumentGroup) -> None:
         "--fit-lengths",
         choices=[*workloads.FIT_MODES, "off"],
         help="requests longer than --max-model-len: clip each, or scale all by one factor; "
-        "'off' rejects them (rose-run, which would have to make up their token ids, stops "
-        "at the first; default: clip in rose-run; in rose-sim what the --cost-model file's "
-        "run did, else off)",
+        "'off' (default) rejects them, as vLLM does, in rose-sim and rose-run alike (no token "
+        "id is made up for them); rose-sim with a --cost-model file defaults to what its run did",
     )
 
 

@@ -7,9 +7,10 @@ and prints the same summary. Examples::
         --trace AzureLLMInferenceTrace_conv.csv --num-requests 64 --fit-lengths scale
     rose-run --device cuda --model /path/to/Llama-3.1-8B --policy budget --prefill-max-tokens 2048
 
-Trace prompts longer than the model's context are fitted by ``--fit-lengths``
-(``clip``: cut each request to the context; ``scale``: shrink every prompt and
-output by one factor so the longest fits); the result file says which.
+Trace requests longer than ``--max-model-len`` are rejected on arrival, as vLLM
+and rose-sim reject them, unless ``--fit-lengths`` fits them (``clip``: cut each
+request to the context; ``scale``: shrink every prompt and output by one factor
+so the longest fits); the result file says which.
 ``rose-run profile`` is :mod:`roseinfer.cli.profile`; ``rose-run save-model`` is
 :mod:`roseinfer.cli.save_model`.
 """
@@ -108,9 +109,9 @@ def _run(args: argparse.Namespace, registry: Registry, options: PolicyOptions) -
 
     loaded, config, runner = built.loaded, built.config, built.runner
     requests, fit_note, vocab_note = fit_requests(
-        requests, config.max_model_len, loaded.vocab_size, args.fit_lengths or "clip", args.seed
+        requests, config.max_model_len, loaded.vocab_size, args.fit_lengths or "off", args.seed
     )
-    recorder = step_recorder(args, built, PROG, args.fit_lengths or "clip")
+    recorder = step_recorder(args, built, PROG, args.fit_lengths or "off")
     engine = Engine(runner, config, registry, seed=args.seed, on_step=recorder)
     try:
         result = _replay(engine, requests, show=not args.quiet)

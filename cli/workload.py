@@ -62,10 +62,7 @@ def fit_workload(
     Returns:
         The requests and a note for the result file (``fit_lengths``).
     """
-    mode = args.fit_lengths or default
-    if mode == "off":
-        return requests, "off"
-    return workloads.fit_lengths(requests, max_model_len, mode=mode)
+    return workloads.fit_lengths(requests, max_model_len, mode=args.fit_lengths or default)
 
 
 def _synthetic(args: argparse.Namespace) -> list[Request]:

@@ -33,10 +33,14 @@ class AttentionBackend:
     Attributes:
         name: the ``attention_backend`` value it answers to.
         supports_cuda_graphs: its decode metadata can be captured in a CUDA graph.
+        decode_split_programs: programs (sequences x KV heads) a decode batch needs
+            before the backend stops splitting keys (0: it never splits); profiles
+            record it so a step model can price a batch's longest context.
     """
 
     name = ""
     supports_cuda_graphs = False
+    decode_split_programs = 0
 
     def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
         """Extra int64 arrays for this pass, copied to the device with the rest.

@@ -130,6 +130,7 @@ class TritonBackend(AttentionBackend):
             if self.cuda
             else INTERPRETER_NUM_SMS
         )
+        self.decode_split_programs = SPLIT_TARGET_WAVES * self.num_sms
 
     def block_q(self, max_query_len: int) -> int:
         """Queries per program: rows (16 decode, 64 prefill, 128 long prefill) / query

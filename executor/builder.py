@@ -611,12 +611,12 @@ def fit_requests(
         The requests, the fit note and the vocabulary note (for the result file).
 
     Raises:
-        WorkloadError: a request without ids longer than ``max_model_len`` (with
-            ``fit_mode`` ``off``), refused before any id is made.
+        WorkloadError: an unknown ``fit_mode``, or a request too long to make
+            ids for (:func:`roseinfer.workloads.fit.with_token_ids`). With
+            ``fit_mode`` ``off`` a request longer than ``max_model_len`` keeps no ids
+            and the scheduler rejects it.
     """
-    fitted, fit_note = list(requests), "off"
-    if fit_mode != "off":
-        fitted, fit_note = workloads.fit_lengths(fitted, max_model_len, mode=fit_mode)
+    fitted, fit_note = workloads.fit_lengths(requests, max_model_len, mode=fit_mode)
     fitted = workloads.with_token_ids(
         fitted, vocab_size=vocab_size, seed=seed, max_model_len=max_model_len
     )

@@ -207,7 +207,8 @@ class Engine:
 
         Raises:
             ValueError: if it has no prompt token ids (a length-only trace needs
-                ``roseinfer.workloads.fit.with_token_ids``), or carries transferred
+                ``roseinfer.workloads.fit.with_token_ids``) and fits ``max_model_len``
+                (a longer one needs none: the scheduler rejects it), or carries transferred
                 KV (``num_transferred_tokens``; disaggregation is simulated only).
             InvalidRequestError: (a ValueError) naming the bad field: a non-string
                 id, a non-integer or < 1 output length, a token id that is not an
@@ -215,6 +216,8 @@ class Engine:
                 take (see :func:`roseinfer.executor.validation.check_sampling`).
         """
         if request.prompt_token_ids is None:
+            if request.max_num_tokens > self.scheduler.config.max_model_len:
+                return  # the scheduler rejects it on arrival; no model input is read
             raise ValueError(
                 f"request {request.request_id!r} has no prompt token ids; the executor "
                 "needs them (roseinfer.workloads.fit.with_token_ids makes them up for a trace)"

@@ -68,19 +68,21 @@ def executor_facts(
     config: SchedulerConfig,
     max_num_batched_tokens: int | None,
     kv_cache_budget_bytes: int | None,
-    fit_lengths: str = "clip",
+    fit_lengths: str = "off",
 ) -> dict[str, object]:
     """The ``executor`` section of a profile or a step log: what ``rose-sim
     --cost-model FILE`` takes as its defaults (the pool, block size, max model
     length, how a workload's lengths were fitted), and how its steps ran
-    (attention backend, ``enforce_eager`` and the decode batch sizes captured as
-    CUDA graphs: an eager profile prices a graphed run's decodes too high)."""
+    (attention backend, ``enforce_eager``, the decode batch sizes captured as
+    CUDA graphs: an eager profile prices a graphed run's decodes too high, and the
+    attention's ``decode_split_programs``, for the step model's GPU terms)."""
     return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention_backend": runner.attention_backend,
         "enforce_eager": runner.enforce_eager,
         "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
+        "decode_split_programs": runner.backend.decode_split_programs,
         "num_kv_blocks": config.num_kv_blocks,
         "block_size": config.block_size,
         "kv_cache_bytes": runner.kv_cache_bytes,

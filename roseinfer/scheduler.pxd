@@ -33,6 +33,7 @@ cdef class SchedulerOutput:
     cdef public Py_ssize_t num_prefill_tokens
     cdef public Py_ssize_t prefill_attn_pairs
     cdef public Py_ssize_t prefill_context_tokens
+    cdef public Py_ssize_t decode_max_context
 
     cpdef add_prefill(self, ScheduledSeq item)
     @cython.locals(n=Py_ssize_t, c=Py_ssize_t)
@@ -92,7 +93,7 @@ cdef class Scheduler:
     @cython.locals(out=SchedulerOutput, room=_StepTokens)
     cpdef SchedulerOutput _plan(self, object phase, double now_s)
     @cython.locals(decodes=list, contexts=list, context=Py_ssize_t, seq=Sequence,
-                   num_tokens=Py_ssize_t)
+                   num_tokens=Py_ssize_t, longest=Py_ssize_t)
     cpdef _schedule_decodes(self, SchedulerOutput out, _StepTokens room, double now_s)
     @cython.locals(seq=Sequence, chunk=Py_ssize_t, start=Py_ssize_t)
     cpdef _schedule_partial_prefills(self, SchedulerOutput out, _StepTokens room, double now_s)

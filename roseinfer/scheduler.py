@@ -66,6 +66,8 @@ class StepTotals(NamedTuple):
             ``n * c - n * (n - 1) / 2``.
         prefill_context_tokens: summed context of the prefill items after the step.
         decode_context_tokens: summed context of the decodes, the decoded token included.
+        decode_max_context: the longest decode context (0 without decodes): a
+            decode batch's attention ends with its longest sequence.
     """
 
     num_seqs: int
@@ -74,6 +76,7 @@ class StepTotals(NamedTuple):
     prefill_attn_pairs: int
     prefill_context_tokens: int
     decode_context_tokens: int
+    decode_max_context: int = 0
 
 
 class ScheduledSeq:
@@ -136,6 +139,7 @@ class SchedulerOutput:
         preempted: requests preempted (by recompute) while planning this step.
         decode_context_tokens: summed context of the decodes after the (first)
             step (tokens).
+        decode_max_context: the longest of ``decode_contexts`` (0 without decodes).
         num_prefill_tokens: tokens computed by the prefill items.
         prefill_attn_pairs: causal (query, key) pairs of the prefill items.
         prefill_context_tokens: summed context of the prefill items after the step.
@@ -147,7 +151,7 @@ class SchedulerOutput:
     __slots__ = (
         "step_index", "phase", "decodes", "decode_contexts", "prefills", "num_steps",
         "preempted", "decode_context_tokens", "_items", "kv_transfers", "num_prefill_tokens",
-        "prefill_attn_pairs", "prefill_context_tokens",
+        "prefill_attn_pairs", "prefill_context_tokens", "decode_max_context",
     )  # fmt: skip
 
     def __init__(self, step_index: int, phase: Phase | None) -> None:
@@ -159,6 +163,7 @@ class SchedulerOutput:
         self.num_steps = 1
         self.preempted: list[Sequence] = []
         self.decode_context_tokens = 0
+        self.decode_max_context = 0
         self._items: list[ScheduledSeq] | None = None
         self.kv_transfers: KVTransfers | None = None
         self.num_prefill_tokens = 0
@@ -201,6 +206,7 @@ class SchedulerOutput:
         return StepTotals(
             num_prefills + num_decodes, self.num_prefill_tokens + num_decodes, num_prefills,
             self.prefill_attn_pairs, self.prefill_context_tokens, self.decode_context_tokens,
+            self.decode_max_context,
         )  # fmt: skip
 
     def add_prefill(self, item: ScheduledSeq) -> None:
@@ -223,6 +229,7 @@ class SchedulerOutput:
             i = self.decodes.index(seq)
             del self.decodes[i]
             self.decode_context_tokens -= self.decode_contexts.pop(i)
+            self.decode_max_context = max(self.decode_contexts, default=0)
         else:
             kept = []
             for item in self.prefills:
@@ -566,7 +573,7 @@ class Scheduler:
         """One token for every decoding request, preempting by recompute when
         the pool is dry (victim chosen by the policy)."""
         decodes, contexts = out.decodes, out.decode_contexts
-        context = 0
+        context = longest = 0
         for seq in list(self.decoding):
             # a victim preempted earlier in this loop is WAITING now: skip it
             if seq.status is not _RUNNING:
@@ -577,7 +584,12 @@ class Scheduler:
             decodes.append(seq)
             contexts.append(num_tokens)
             context += num_tokens
+            if num_tokens > longest:
+                longest = num_tokens
         out.decode_context_tokens += context
+        # NOTE: a preemption inside _reserve may have taken out a decode counted in
+        # `longest` (out.remove): then the longest is recounted from what is left
+        out.decode_max_context = max(contexts, default=0) if out.preempted else longest
         room.take(len(decodes), False)
 
     def _schedule_partial_prefills(

@@ -21,10 +21,14 @@ cdef class _Roofline:
     cdef public double comm_s_per_token
     cdef public double overhead_per_seq_s
     cdef public double eager_launch_s
+    cdef public double imbalance_s_per_token
+    cdef public double imbalance_spread_seqs
+    cpdef double excess_tokens(self, SchedulerOutput out) except? -1
     @cython.locals(compute_s=double, memory_s=double, comm_s=double, launch_s=double,
-                   host_s=double, roof_s=double)
+                   host_s=double, roof_s=double, imbalance_s=double, spread=double)
     cpdef double step_s(self, double num_tokens, double num_seqs, double attn_pairs,
-                        double kv_read_tokens) except? -1
+                        double kv_read_tokens, double num_decodes,
+                        double excess_tokens) except? -1
 
 @cython.final
 cdef class CostModelBackend:
@@ -37,7 +41,8 @@ cdef class CostModelBackend:
     cpdef Py_ssize_t decode_run_length(self, SchedulerOutput out, double now_s,
                                        double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(roofline=_Roofline, num_seqs=double, context=double, num_steps=Py_ssize_t,
-                   first_s=double, ends=list, end_s=double, j=Py_ssize_t, step_context=double)
+                   first_s=double, ends=list, end_s=double, j=Py_ssize_t, step_context=double,
+                   excess=double)
     cpdef Py_ssize_t _roofline_run(self, SchedulerOutput out, double now_s,
                                    double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(step_s=double, num_decodes=Py_ssize_t)

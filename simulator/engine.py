@@ -111,7 +111,8 @@ class _Roofline:
     __slots__ = (
         "flops_per_token", "flops_per_seq", "flops_per_attn_pair", "achievable_flops",
         "weight_bytes", "kv_bytes_per_token", "achievable_bandwidth", "overhead_s", "comm_s",
-        "comm_s_per_token", "overhead_per_seq_s", "eager_launch_s",
+        "comm_s_per_token", "overhead_per_seq_s", "eager_launch_s", "imbalance_s_per_token",
+        "imbalance_spread_seqs",
     )  # fmt: skip
 
     def __init__(self, terms: tuple[float, ...]) -> None:
@@ -119,14 +120,28 @@ class _Roofline:
             self.flops_per_token, self.flops_per_seq, self.flops_per_attn_pair,
             self.achievable_flops, self.weight_bytes, self.kv_bytes_per_token,
             self.achievable_bandwidth, self.overhead_s, self.comm_s, self.comm_s_per_token,
-            self.overhead_per_seq_s, self.eager_launch_s,
+            self.overhead_per_seq_s, self.eager_launch_s, self.imbalance_s_per_token,
+            self.imbalance_spread_seqs,
         ) = terms  # fmt: skip
 
+    def excess_tokens(self, out: SchedulerOutput) -> float:
+        """Decodes x longest decode context - summed decode context of ``out``
+        (0.0 when the spec has no imbalance term: nothing to price)."""
+        if not self.imbalance_s_per_token:
+            return 0.0
+        return float(len(out.decodes) * out.decode_max_context - out.decode_context_tokens)
+
     def step_s(
-        self, num_tokens: float, num_seqs: float, attn_pairs: float, kv_read_tokens: float
+        self,
+        num_tokens: float,
+        num_seqs: float,
+        attn_pairs: float,
+        kv_read_tokens: float,
+        num_decodes: float,
+        excess_tokens: float,
     ) -> float:
         """Seconds of one step with these totals (tokens, sequences, attention
-        pairs, KV tokens read)."""
+        pairs, KV tokens read, decodes, and :meth:`excess_tokens`)."""
         compute_s = (
             self.flops_per_token * num_tokens
             + self.flops_per_seq * num_seqs
@@ -138,6 +153,15 @@ class _Roofline:
         launch_s = (  # cost_model.runs_eagerly, inlined in C
             self.eager_launch_s if num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS else 0.0
         )
+        imbalance_s = 0.0  # RooflineCostModel.imbalance_s, inlined
+        if excess_tokens > 0 and self.imbalance_s_per_token:
+            spread = (
+                num_decodes
+                if num_decodes > self.imbalance_spread_seqs
+                else self.imbalance_spread_seqs
+            )
+            imbalance_s = self.imbalance_s_per_token * excess_tokens / spread
+        memory_s = memory_s + imbalance_s
         comm_s = self.comm_s + self.comm_s_per_token * num_tokens
         host_s = self.overhead_s + self.overhead_per_seq_s * num_seqs
         roof_s = memory_s if memory_s > compute_s else compute_s
@@ -212,9 +236,10 @@ class CostModelBackend:
         roofline = self._roofline
         assert roofline is not None
         num_seqs, context = float(len(out.decodes)), float(out.decode_context_tokens)
+        excess = roofline.excess_tokens(out)  # the same every step: all contexts grow by one
         num_steps = max_steps
         if next_arrival_s != _INF:
-            first_s = roofline.step_s(num_seqs, num_seqs, context, context)
+            first_s = roofline.step_s(num_seqs, num_seqs, context, context, num_seqs, excess)
             if first_s > 0 and (next_arrival_s - now_s) / first_s < max_steps:
                 num_steps = min(max_steps, int((next_arrival_s - now_s) / first_s) + 2)
         ends: list[float] = []
@@ -222,7 +247,9 @@ class CostModelBackend:
         end_s = now_s
         for j in range(num_steps):
             step_context = context + num_seqs * j  # every context grows by one per step
-            end_s += roofline.step_s(num_seqs, num_seqs, step_context, step_context)
+            end_s += roofline.step_s(
+                num_seqs, num_seqs, step_context, step_context, num_seqs, excess
+            )
             ends.append(end_s)
             if end_s >= next_arrival_s:
                 return j + 1
@@ -247,6 +274,8 @@ class CostModelBackend:
                 float(len(out.prefills) + num_decodes),
                 float(out.prefill_attn_pairs + out.decode_context_tokens),
                 float(out.prefill_context_tokens + out.decode_context_tokens),
+                float(num_decodes),
+                self._roofline.excess_tokens(out),
             )
         else:
             step_s = self.cost_model.step_time_s(batch_shape(out))

@@ -28,7 +28,7 @@ from roseinfer.executor import builder, memory, model_runner, models  # noqa: E4
 from roseinfer.registry import load_registry  # noqa: E402
 
 TINY_RUN = ["--model", "tiny-llama", "--device", "cpu", "--num-requests", "6",
-            "--request-rate", "inf", "--max-model-len", "64", "--no-progress", "--quiet",
+            "--request-rate", "inf", "--max-model-len", "64", "--fit-lengths", "clip", "--no-progress", "--quiet",
             "--attention-backend", "sdpa", "--num-threads", "1"]  # fmt: skip
 
 

@@ -511,3 +511,60 @@ def test_decode_runs_with_host_terms_equal_the_step_loop(context, num_steps, wid
     fast = cost.decode_run_times_s(context_tokens, num_steps)
     slow = loop_decode_run_times_s(cost, context_tokens, num_steps)
     np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=0)
+
+
+# ------------------------------------------------------------ decode imbalance
+def test_a_long_context_among_short_ones_costs_its_excess_over_the_mean() -> None:
+    """The measured H100 spec prices the longest decode context's excess over the
+    mean (the attention's tail), spread over the splits of a small batch; an even
+    batch of the same total pays none of it."""
+    device = DEVICES["h100-sxm"]
+    c, spread = device.decode_imbalance_s_per_token, device.decode_split_programs / 8
+    assert c > 0 and spread == 66.0  # 4 waves x 132 SMs over Llama-8B's 8 KV heads
+    even, skewed = (
+        BatchShape.decode([1000] * 128),
+        BatchShape.decode([4000] + [1000 - 3000 // 127] * 127),
+    )
+    excess = 128 * 4000 - int(skewed.decode_context_tokens.sum())
+    no_tail = RooflineCostModel(H100_8B.model, replace(device, decode_imbalance_s_per_token=0.0))
+    assert H100_8B.step_time_s(even) == no_tail.step_time_s(even)
+    extra = H100_8B.step_time_s(skewed) - no_tail.step_time_s(skewed)
+    assert extra == pytest.approx(c * excess / 128, rel=1e-9)
+    small = BatchShape.decode([4000, 1000, 1000, 1000])  # 4 decodes split their keys: spread 66
+    extra = H100_8B.step_time_s(small) - no_tail.step_time_s(small)
+    assert extra == pytest.approx(c * (4 * 4000 - 7000) / spread, rel=1e-9)
+    # on the memory roof: a launch-bound eager step hides it
+    eager = BatchShape([64], [64], [4000, 10])
+    assert H100_8B.step_time_s(eager) == no_tail.step_time_s(eager)
+
+
+def test_the_datasheet_specs_have_no_imbalance() -> None:
+    assert all(d.decode_imbalance_s_per_token == 0 for d in DATASHEET_DEVICES.values())
+    assert DEVICES["a100"].decode_imbalance_s_per_token == 0
+
+
+def test_the_device_fit_recovers_a_known_imbalance_from_served_steps() -> None:
+    """Steps priced by a known spec (profiles of two shapes with even decodes, a
+    served run with skewed ones): the two-stage fit finds its imbalance again."""
+    from roseinfer.calibration import ProfileSample
+    from roseinfer.calibration.roofline_fit import fit_device_constants
+
+    base = DATASHEET_DEVICES["h100-sxm"]
+    truth = replace(DEVICES["h100-sxm"], decode_imbalance_s_per_token=1.5e-6, provenance=None)
+    rng = np.random.default_rng(0)
+
+    def samples(model: ModelSpec, shapes: list[BatchShape]) -> list[ProfileSample]:
+        cost = RooflineCostModel(model, truth)
+        return [ProfileSample("x", s, (cost.step_time_s(s),)) for s in shapes]
+
+    even = [BatchShape.decode([c] * n) for n in (1, 8, 64, 256) for c in (128, 1024, 4096)]
+    even += [BatchShape([n], [n], []) for n in (16, 256, 2048, 8192)]
+    skewed = [BatchShape.decode(rng.lognormal(6.5, 1.0, n).astype(int) + 1) for n in
+              rng.integers(8, 256, 60)]  # fmt: skip
+    llama, qwen = get_model_spec("llama-3.1-8b"), get_model_spec("qwen2.5-7b")
+    fit = fit_device_constants(
+        base, [(llama, samples(llama, even)), (qwen, samples(qwen, even))],
+        imbalance_steps=[(llama, samples(llama, skewed))],
+    )  # fmt: skip
+    assert fit.device.decode_imbalance_s_per_token == pytest.approx(1.5e-6, rel=0.02)
+    assert fit.device.mfu == pytest.approx(truth.mfu, rel=0.02)

@@ -124,13 +124,15 @@ def test_a_slower_link_delays_the_second_token_by_the_transfer() -> None:
 def test_disaggregation_takes_prefill_interference_off_the_decodes() -> None:
     """The point of the split (DistServe): with long prompts arriving while others
     decode, 2 colocated replicas stall decodes behind prefills; 1 prefill + 1
-    decode replica does not, so the TPOT tail falls."""
+    decode replica does not, so the TPOT tail falls (by 11%: the measured H100 spec
+    also prices each decode batch's longest context, which the decode replica's
+    bigger batches pay more of; by 20% before that term)."""
     rng = np.random.default_rng(1)
     reqs = [Request(f"r{i}", i * 0.1, int(rng.integers(1000, 4000)), 200) for i in range(150)]
     colocated = simulate_cluster(reqs, [spec("mixed")] * 2, router("least-loaded"))
     split = disaggregated(reqs)
     tpot = [summarize(r.records)["p99_tpot_ms"] for r in (colocated, split)]
-    assert tpot[1] < 0.8 * tpot[0]
+    assert tpot[1] < 0.92 * tpot[0]
 
 
 def test_jumps_change_nothing_in_a_disaggregated_run() -> None:

@@ -152,10 +152,8 @@ def test_no_ids_are_made_up_for_a_request_beyond_any_context() -> None:
     from roseinfer import workloads
 
     huge = req(0, 2_147_483_647, 5)
-    with pytest.raises(
-        workloads.WorkloadError, match="r0 has 2147483647 prompt .* max_model_len 1024"
-    ):
-        workloads.with_token_ids([req(1, 4), huge], vocab_size=100, max_model_len=1024)
+    small, kept = workloads.with_token_ids([req(1, 4), huge], vocab_size=100, max_model_len=1024)
+    assert len(small.prompt_token_ids) == 4 and kept is huge  # the scheduler rejects it
     with pytest.raises(workloads.WorkloadError, match="beyond any model's context"):
         workloads.with_token_ids([huge], vocab_size=100)
     fine = workloads.with_token_ids([req(1, 4)], vocab_size=100, max_model_len=1024)

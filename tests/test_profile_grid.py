@@ -110,3 +110,23 @@ def test_profile_times_decodes_at_the_graph_sizes_and_reports_held_out_error():
     assert decodes == {1, 2, 4, 6}
     held_out = profile.step_fit.held_out[profile.step_fit.model.name]
     assert held_out.num_samples > 0 and held_out.median >= 0
+
+
+def test_a_gpu_grid_times_prompts_off_the_tiles_and_skewed_decodes():
+    """On a GPU the grid adds odd prompt lengths between the powers of two (a GEMM
+    pays whole row tiles) and decode batches with a few long contexts among short
+    ones (the attention ends with the longest); a CPU grid keeps its shapes."""
+    gpu, cpu = profile_grid(GPU), profile_grid(CPU)
+    single = sorted({seqs[0][0] for kind, seqs in gpu if kind == "prefill" and len(seqs) == 1})
+    assert {3, 23, 181, 1449} <= set(single) and all(n % 2 or n & (n - 1) == 0 or n == 2048
+                                                     for n in single)  # fmt: skip
+    cpu_single = {seqs[0][0] for kind, seqs in cpu if kind == "prefill" and len(seqs) == 1}
+    assert not cpu_single & {3, 23, 181}
+
+    def skew(seqs):  # longest context over the median
+        contexts = sorted(c for _, c in seqs)
+        return contexts[-1] / contexts[len(contexts) // 2]
+
+    gpu_skew = max(skew(s) for k, s in gpu if k == "decode" and len(s) >= 64)
+    cpu_skew = max(skew(s) for k, s in cpu if k == "decode" and len(s) >= 64)
+    assert gpu_skew > 8 and cpu_skew < 3

@@ -70,7 +70,7 @@ def samples_from(price, seed: int = 0, noise: float = 0.0) -> list[ProfileSample
 
 
 def linear_price(shape: BatchShape) -> float:
-    return float(shape_aggregates(shape) @ TRUE_COEF)
+    return float(shape_aggregates(shape)[: len(TRUE_COEF)] @ TRUE_COEF)
 
 
 def make_profile(samples: list[ProfileSample]) -> Profile:
@@ -404,3 +404,63 @@ def test_one_outlying_step_does_not_dominate_the_fit() -> None:
         abs(cost.step_time_s(s) / linear_price(s) - 1) for i, s in enumerate(shapes) if i != 5
     ]
     assert max(errors) < 0.10, max(errors)
+
+
+# ------------------------------------------------------------- GPU step terms
+def gpu_price(shape: BatchShape) -> float:
+    """A CUDA-graph executor: the linear cost, 5 ms more for a step that launches
+    eagerly, and 1 us per token of the longest decode context's excess, spread
+    over at least 66 decodes."""
+    t = shape.totals()
+    decodes = t.num_seqs - t.num_prefills
+    excess = decodes * t.decode_max_context - t.decode_context_tokens
+    eager = 5e-3 if t.num_tokens > t.num_seqs or t.num_seqs > 512 else 0.0
+    return linear_price(shape) + eager + 1e-6 * excess / max(decodes, 66)
+
+
+def test_a_gpu_profile_fits_the_eager_launches_and_the_decode_tail() -> None:
+    """A profile taken with CUDA graphs and a splitting kernel fits the GPU terms:
+    an eager step's launches and a skewed decode batch's tail, which the linear
+    basis alone cannot price (it misses the skewed batches by far more)."""
+    from roseinfer.calibration.profile_grid import GridLimits, cuda_graph_batch_sizes, profile_grid
+    from roseinfer.calibration.step_model import GPU_TERMS, decode_spread_seqs
+    from roseinfer.executor.profiler import batch_shape_of
+
+    limits = GridLimits(512, 64, 2048, 64 * 2048, 16, cuda_graph_batch_sizes(64))
+    shapes = [batch_shape_of(seqs) for _, seqs in profile_grid(limits)]
+    samples = [ProfileSample("x", s, (gpu_price(s),)) for s in shapes]
+    spread = decode_spread_seqs({"decode_split_programs": 528, "cuda_graph_batch_sizes": [1]}, 8)
+    assert spread == 66.0 and decode_spread_seqs({"decode_split_programs": 528}, 8) == 0.0
+    fit = fit_step_model(samples, decode_spread_seqs=spread, use="hinge")
+    assert fit.model.feature_names[-2:] == list(GPU_TERMS)
+    plain = fit_step_model(samples, use="hinge")
+    assert "eager" not in plain.model.feature_names
+    skewed = BatchShape.decode([2000] + [100] * 63)
+    gpu_error, plain_error = (
+        abs(ProfiledCostModel(model, "t").step_time_s(skewed) / gpu_price(skewed) - 1)
+        for model in (fit.model, plain.model)
+    )
+    assert gpu_error < 0.002 and plain_error > 10 * gpu_error
+    run = ProfiledCostModel(fit.model, "t").decode_run_times_s(np.array([2000] + [100] * 63), 5)
+    one_by_one = [ProfiledCostModel(fit.model, "t").step_time_s(
+        BatchShape.decode([2000 + j] + [100 + j] * 63)) for j in range(5)]  # fmt: skip
+    assert run.tolist() == one_by_one  # the jump over a decode run prices it bit for bit
+
+
+def test_a_gpu_step_model_round_trips_through_json(tmp_path) -> None:
+    from roseinfer.calibration.profile import load_profile
+
+    samples = [ProfileSample("x", s, (gpu_price(s),)) for _, s in grid_shapes()]
+    profile = make_profile(samples)
+    assert "eager" not in getattr(profile.step_fit.model, "feature_names", ["-"])  # a CPU profile
+    gpu = Profile.create(
+        model_name="gpt2", model_spec=GPT2, samples=samples, environment={},
+        executor={**profile.executor, "cuda_graph_batch_sizes": [1, 2, 4], "decode_split_programs": 528},
+    )  # fmt: skip
+    path = tmp_path / "p.json"
+    gpu.save(path)
+    again = load_profile(path)
+    shape = BatchShape([40], [40], [900, 30, 30])
+    assert again.cost_model().step_time_s(shape) == gpu.cost_model().step_time_s(shape)
+    model = getattr(gpu.step_fit.model, "fallback", gpu.step_fit.model)
+    assert model.decode_spread_seqs == 528 / GPT2.num_kv_heads

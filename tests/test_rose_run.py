@@ -84,7 +84,7 @@ def test_seed_workload_writes_result_and_records_with_token_ids(monkeypatch, cap
     assert result["num_requests"] == 8 and result["completed"] + result["rejected"] == 8
     assert result["completed"] == 8 and result["backend"] == "executor"
     assert result["policy"] == "fifo+prefill-first" and result["device"] == "cpu"
-    assert result["fit_lengths"].startswith("all 8 requests fit")
+    assert result["fit_lengths"].startswith("off: all 8 requests fit")
     assert "folded into the vocab (1000)" in result["token_ids"]  # GPT-2 ids, tiny vocab
     assert result["duration"] >= 0.14  # arrivals 20 ms apart, replayed on the real clock
     assert result["num_kv_blocks"] == 256 * 256 // 16  # capped: max_num_seqs full-length requests
@@ -132,7 +132,8 @@ def test_step_log_calibrates_rose_sim_on_the_same_requests(monkeypatch, capsys, 
     from roseinfer.cli import sim as sim_cli
 
     flags = ["--num-requests", "10", "--request-rate", "40", "--max-model-len", "160",
-             "--policy", "budget", "--prefill-max-tokens", "96", "--quiet"]  # fmt: skip
+             "--policy", "budget", "--prefill-max-tokens", "96", "--fit-lengths", "clip",
+             "--quiet"]  # fmt: skip
     code, _, err = rose_run(
         monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu", "--no-progress", "--no-warmup", *flags,
         "--save-steps", str(tmp_path / "steps.jsonl"), "--save-result", str(tmp_path / "r.json"),
@@ -203,12 +204,14 @@ def test_bad_values_are_one_error_line(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("prompt", ["2147483647", "5000000"])
-def test_an_over_long_trace_row_is_refused_before_any_id_is_made(
+def test_an_over_long_trace_row_is_rejected_before_any_id_is_made(
     monkeypatch, capsys, tmp_path, prompt
 ):
     """Before: with --fit-lengths off, a 5M-token row made 5M token ids (seconds, 100s of
     MB) for a request the scheduler then rejected; a 2^31 row would have made 16 GB.
-    Now the row is one error line naming it, before any id is made."""
+    Then the row stopped the run with one error line, while rose-sim rejected it, so the
+    same flags replayed different requests. Now it is rejected on arrival, as in rose-sim
+    and vLLM, with no id made for it, and the rest of the run goes on."""
     import time
 
     trace = tmp_path / "t.csv"
@@ -219,12 +222,23 @@ def test_an_over_long_trace_row_is_refused_before_any_id_is_made(
     start = time.perf_counter()
     code, _, err = rose_run(
         monkeypatch, capsys, "--model", "tiny-gpt2", "--device", "cpu", "--trace", str(trace),
-        "--fit-lengths", "off", "--max-model-len", "128", "--no-warmup", "--no-progress",
+        "--max-model-len", "128", "--no-warmup", "--no-progress",
+        "--save-result", str(tmp_path / "r.json"),
     )  # fmt: skip
-    line = one_error_line(err)
-    assert code == 2 and f"has {prompt} prompt + 5 output tokens, beyond max_model_len 128" in line
-    assert "--fit-lengths clip or scale" in line and made == []
+    assert code == 0, err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["completed"] == 1 and result["rejected"] == 1
+    assert result["fit_lengths"].startswith("off: 1 of 2 requests")
+    assert [a[0].num_prompt_tokens for a in made] == [8]
     assert time.perf_counter() - start < 60
+    from roseinfer.cli import sim as sim_cli  # the same flags replay the same requests
+
+    monkeypatch.setattr(sys, "argv", ["rose-sim", "--model", "gpt2", "--trace", str(trace),
+                                      "--max-model-len", "128", "--quiet",
+                                      "--save-result", str(tmp_path / "s.json")])  # fmt: skip
+    assert sim_cli.main() == 0
+    sim = json.loads((tmp_path / "s.json").read_text())
+    assert (sim["completed"], sim["rejected"], sim["fit_lengths"]) == (1, 1, result["fit_lengths"])
 
 
 def test_console_script_exits_2_with_one_line():

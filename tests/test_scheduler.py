@@ -91,6 +91,20 @@ def test_preemption_by_recompute_when_the_pool_runs_dry(registry) -> None:
     assert all(len(t) == 8 for t in df.token_times_s)
 
 
+def test_every_output_knows_its_longest_decode_even_after_preemptions(registry) -> None:
+    """The planner keeps each output's longest decode context as it schedules (the
+    roofline's decode imbalance reads it every step); a preemption while planning
+    takes a decode out again, and the longest must follow."""
+    sched = make_scheduler(registry, num_kv_blocks=14, block_size=4)
+    for i in range(8):
+        sched.add_request(req(i, 4 + 5 * i, 6 + i), 0.0)
+    outs = run_to_end(sched)
+    assert any(o.preempted for o in outs) and sum(1 for o in outs if o.decodes) > 10
+    for out in outs:
+        assert out.decode_max_context == max(out.decode_contexts, default=0)
+        assert out.totals().decode_max_context == out.decode_max_context
+
+
 def test_stop_token_ends_a_request_early(registry) -> None:
     sched = make_scheduler(registry)
     sampling = SamplingParams(ignore_eos=False, stop_token_ids=(7,))

@@ -196,13 +196,18 @@ def test_the_recorded_h100_constants_are_the_fit_of_the_shipped_profiles():
 
     recorded = MEASURED["h100-sxm"]
     root = RESULTS.parents[2]
-    fitted, _ = load_steps([root / name for name in recorded.provenance.source.split()[:2]])
-    fit = fit_device_constants(DATASHEET_DEVICES["h100-sxm"], fitted)
+    sources = recorded.provenance.source.split()
+    fitted, _ = load_steps([root / name for name in sources[:2]])
+    logs = [root / name for name in sources if ".jsonl" in name]  # the served run's step log
+    imbalance, _ = load_steps(logs)
+    assert logs and recorded.decode_imbalance_s_per_token > 0
+    fit = fit_device_constants(DATASHEET_DEVICES["h100-sxm"], fitted, imbalance_steps=imbalance)
     again = fit.measurement(**{k: getattr(recorded.provenance, k) for k in
                                ("source", "gpu", "driver", "torch", "date", "command")})  # fmt: skip
     assert again.provenance.models == recorded.provenance.models
     for name in ("mfu", "bandwidth_efficiency", "overhead_s", "kv_bandwidth_efficiency",
-                 "overhead_per_seq_s", "eager_launch_s_per_layer"):  # fmt: skip
+                 "overhead_per_seq_s", "eager_launch_s_per_layer",
+                 "decode_imbalance_s_per_token"):  # fmt: skip
         assert getattr(again, name) == pytest.approx(getattr(recorded, name), rel=1e-3), name
     assert again.provenance.median_step_error == pytest.approx(
         recorded.provenance.median_step_error, abs=1e-3

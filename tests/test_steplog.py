@@ -71,6 +71,23 @@ def test_records_round_trip_and_derive_host_time(tmp_path):
     assert log.durations_s() == pytest.approx([s.duration_s for s in steps])
 
 
+def test_a_gzipped_log_reads_as_the_plain_one(tmp_path):
+    """Step logs are large (6.6 MB for a 500-request GPU run); kept gzipped, they
+    load and calibrate as they are."""
+    import gzip
+
+    steps = synthetic_steps(12)
+    write_log(tmp_path / "s.jsonl", steps)
+    (tmp_path / "s.jsonl.gz").write_bytes(gzip.compress((tmp_path / "s.jsonl").read_bytes()))
+    assert is_step_log(tmp_path / "s.jsonl.gz")
+    assert load_step_log(tmp_path / "s.jsonl.gz").records == steps
+    assert len(load_calibration([tmp_path / "s.jsonl.gz"]).samples) == 12
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"\x1f\x8b not gzip")
+    assert not is_step_log(tmp_path / "bad.jsonl.gz")
+    with pytest.raises(StepLogError, match="cannot read step log"):
+        load_step_log(tmp_path / "bad.jsonl.gz")
+
+
 def test_multi_step_outputs_become_one_record_per_step():
     recs = records_of([("a", 9, 1, True), ("b", 3, 1, True)], first_step=5, start_s=1.0,
                       end_times_s=[1.1, 1.25, 1.3], forward_s=None, phase="decode")  # fmt: skip

@@ -45,34 +45,34 @@ def with_token_ids(
         vocab_size: ids are drawn from ``[0, vocab_size)``.
         seed: a non-negative int.
         max_model_len: the model's context: a request without ids that is longer
-            is refused before any id is made (fit it first: :func:`fit_lengths`).
+            is left without ids (no id is made for it: the scheduler rejects it on
+            arrival, as vLLM rejects a request beyond the model's context).
 
     Raises:
         WorkloadError: on ``vocab_size <= 0`` or a negative seed, or a request
-            without ids longer than ``max_model_len`` or :data:`MAX_MADE_UP_TOKENS`
+            that would get ids and is longer than :data:`MAX_MADE_UP_TOKENS`
             (checked for every request before anything is built).
     """
     if vocab_size <= 0 or seed < 0:
         raise WorkloadError(f"need vocab_size > 0 and seed >= 0, got {vocab_size}, {seed}")
-    _check_lengths([r for r in requests if r.prompt_token_ids is None], max_model_len)
+    needs_ids = [
+        r.prompt_token_ids is None and (max_model_len is None or r.max_num_tokens <= max_model_len)
+        for r in requests
+    ]
+    _check_lengths([r for r, needs in zip(requests, needs_ids) if needs])
     blocks: dict[tuple[int, int], np.ndarray] = {}  # NOTE: shared hash blocks made once
     return [
-        r
-        if r.prompt_token_ids is not None
-        else dataclasses.replace(r, prompt_token_ids=_made_up_ids(r, vocab_size, seed, blocks))
-        for r in requests
+        dataclasses.replace(r, prompt_token_ids=_made_up_ids(r, vocab_size, seed, blocks))
+        if needs
+        else r
+        for r, needs in zip(requests, needs_ids)
     ]
 
 
-def _check_lengths(requests: Sequence[Request], max_model_len: int | None) -> None:
+def _check_lengths(requests: Sequence[Request]) -> None:
     """Refuse the first request too long to make ids for (see :func:`with_token_ids`)."""
     fix = "fit the lengths (--fit-lengths clip or scale) or drop the row"
     for r in requests:
-        if max_model_len is not None and r.max_num_tokens > max_model_len:
-            raise WorkloadError(
-                f"request {r.request_id[:80]} has {r.num_prompt_tokens} prompt + "
-                f"{r.max_output_tokens} output tokens, beyond max_model_len {max_model_len}; {fix}"
-            )
         if r.num_prompt_tokens > MAX_MADE_UP_TOKENS:
             raise WorkloadError(
                 f"request {r.request_id[:80]} has {r.num_prompt_tokens} prompt tokens, beyond "
@@ -109,6 +109,8 @@ def fit_lengths(
     """Make every request fit ``prompt + output <= max_model_len`` tokens.
 
     Modes:
+        ``"off"``: change nothing (the scheduler rejects the requests that do
+            not fit, as vLLM does); the note counts them.
         ``"clip"``: shorten only the requests that do not fit: the prompt first
             (keeping its leading tokens/hash ids), then the output, keeping at
             least 1 token of each.
@@ -123,16 +125,23 @@ def fit_lengths(
         for the results). Requests that already fit are returned unchanged.
 
     Raises:
-        WorkloadError: on an unknown mode (lists ``FIT_MODES``) or
+        WorkloadError: on an unknown mode (lists ``FIT_MODES`` and ``off``) or
             ``max_model_len < 2``.
     """
-    if mode not in FIT_MODES:
-        raise WorkloadError(f"unknown fit mode {mode!r}; known: {', '.join(FIT_MODES)}")
+    if mode not in (*FIT_MODES, "off"):
+        raise WorkloadError(f"unknown fit mode {mode!r}; known: {', '.join(FIT_MODES)}, off")
     if max_model_len < 2:
         raise WorkloadError(f"max_model_len must be >= 2 tokens, got {max_model_len}")
     longest = max((r.max_num_tokens for r in requests), default=0)
     if longest <= max_model_len:
-        return list(requests), f"all {len(requests)} requests fit max_model_len={max_model_len}"
+        fits = f"all {len(requests)} requests fit max_model_len={max_model_len}"
+        return list(requests), fits if mode != "off" else f"off: {fits}"
+    if mode == "off":
+        beyond = sum(r.max_num_tokens > max_model_len for r in requests)
+        return list(requests), (
+            f"off: {beyond} of {len(requests)} requests beyond max_model_len={max_model_len} "
+            "(rejected)"
+        )
     if mode == "clip":
         return _clip_all(requests, max_model_len)
     return _scale_all(requests, max_model_len, longest)

@@ -4,7 +4,9 @@
 # Profiles two model shapes (Llama-3.1-8B, Qwen2.5-7B, random bf16 weights) and a third shape
 # left out of the fit (Llama-3.2-3B), fits the roofline's constants (benchmarks/fit_device_spec.py:
 # mfu, weight and KV bandwidth efficiencies, overhead per step and per sequence, eager launch per
-# layer), and prints the held-out and third-shape errors. The limits are rose-run's serving
+# layer, decode imbalance), and prints the held-out and third-shape errors. The decode imbalance
+# is best fitted to a served run's step log (IMBALANCE=steps.jsonl[.gz], e.g. the 2026-11-26
+# budget run's): the profiles' spread decode batches are evenly spread, a workload's are skewed. The limits are rose-run's serving
 # defaults but a 4,096-token window: decodes up to 256 sequences, prefills up to 2,048 tokens.
 # Everything lands in $OUT (or ./gpu-out): bring it back, then record the fit here with the
 # command the script prints last (it edits calibration/specs.py's MEASURED block).
@@ -36,9 +38,12 @@ echo "== profile $(basename "$check") (not fitted) ($((SECONDS - start)) s)"
 rose-run profile --device "$device" --model "$check" $limits --quiet --output "$out/check.json"
 
 echo "== fit ($((SECONDS - start)) s)"
+imbalance=()
+[ -n "${IMBALANCE:-}" ] && imbalance=(--imbalance-steps "$IMBALANCE")
 python benchmarks/fit_device_spec.py --device h100-sxm --fit "${fits[@]}" --check "$out/check.json" \
-  --output "$out/h100-fit.json" --command "bash benchmarks/gpu/fit_h100.sh" | tee "$out/fit.txt"
+  "${imbalance[@]}" --output "$out/h100-fit.json" --command "bash benchmarks/gpu/fit_h100.sh" \
+  | tee "$out/fit.txt"
 driver=$(sed -n 's/^driver //p' "$out/device.txt")
 echo "== done in $((SECONDS - start)) s. To record it (here or after bringing $out back):"
 echo "python benchmarks/fit_device_spec.py --device h100-sxm --fit ${fits[*]} --check $out/check.json" \
-     "--driver '$driver' --command 'bash benchmarks/gpu/fit_h100.sh' --write-specs"
+     "${imbalance[*]} --driver '$driver' --command 'bash benchmarks/gpu/fit_h100.sh' --write-specs"

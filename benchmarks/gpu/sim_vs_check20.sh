@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# rose-sim against the real runs of the GPU fidelity check (../shared/checks/20-gpu-fidelity), on a CPU.
+#
+# The check ran rose-run --device cuda (Llama-3.1-8B shapes, 500 Azure conv requests, --max-model-len
+# 4096, seed 0) for budget 2048 and pack 2048 + force-FIFO 8 + decode-first, at saturation and at 60%
+# of it; R holds its result files (check20/r{1,2}{s,l}.json) and its GPU profile (check20/p.json).
+# For each run this prints benchmarks/gpu/sim_vs_run.py's table: the signed error of every metric
+# for the built-in h100-sxm (measured), its datasheet constants, the profile, and the profile refitted
+# with the step model's GPU terms (check20/p-refit.json, from benchmarks/gpu/refit_profile.py
+# --decode-split-programs 528). The runs clipped
+# requests beyond 4,096 tokens (rose-run's default then), so the simulations clip them too.
+#
+#   bash benchmarks/gpu/sim_vs_check20.sh [R]   # R: default benchmarks/gpu/results/h100-2026-11-26-checks
+set -euo pipefail
+R=${1:-benchmarks/gpu/results/h100-2026-11-26-checks}
+combos=("--policy budget --prefill-max-tokens 2048"
+        "--policy pack --prefill-max-tokens 2048 --force-fifo-every 8 --loop-order decode-first")
+for i in 1 2; do
+  rate=$(python -c "import json;r=json.load(open('$R/check20/r${i}s.json'));print(0.6*r['completed']/r['duration'])")
+  for load in s l; do
+    real=$R/check20/r${i}${load}.json
+    r=inf; [ $load = l ] && r=$rate
+    blocks=$(python -c "import json;print(json.load(open('$real'))['num_kv_blocks'])")
+    echo "== ${combos[$((i - 1))]} at --request-rate $r"
+    # shellcheck disable=SC2086
+    python benchmarks/gpu/sim_vs_run.py "$real" --calibration "$R/check20/p.json" "$R/check20/p-refit.json" -- \
+      --model llama-3.1-8b --hardware h100-sxm --num-requests 500 --max-model-len 4096 --seed 0 \
+      ${combos[$((i - 1))]} --request-rate "$r" --num-kv-blocks "$blocks" --fit-lengths clip
+  done
+done
