@@ -34,3 +34,43 @@ def test_the_runs_step_log_replays_it_and_every_cost_model_is_compared(tmp_path)
     assert max(abs(e) for e in replay.values()) < 0.02  # the run's own steps: replay
     measured, datasheet = rows[labels[0]], rows[labels[1]]
     assert abs(measured["duration"]) < abs(datasheet["duration"])  # the fit moved it closer
+
+
+CHECKS = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-26-checks"
+
+
+@pytest.mark.skipif(not CHECKS.is_dir(), reason="no shipped H100 check results")
+def test_the_measured_spec_replays_the_fidelity_checks_runs_within_its_targets(tmp_path):
+    """The GPU fidelity check's four real runs (budget 2048; pack 2048 + force-FIFO 8 +
+    decode-first; saturated and at 60%), replayed by rose-sim with the built-in
+    h100-sxm: worst p50 error <= 10% and p99 <= 15% (the check's targets). Its
+    decode imbalance was fitted to another run, so this guards the spec, not a fit."""
+    worst = {"p50": 0.0, "p99": 0.0}
+    combos = {
+        "1": ["--policy", "budget", "--prefill-max-tokens", "2048"],
+        "2": ["--policy", "pack", "--prefill-max-tokens", "2048", "--force-fifo-every", "8",
+              "--loop-order", "decode-first"],
+    }  # fmt: skip
+    for i, combo in combos.items():
+        saturated = json.loads((CHECKS / "check20" / f"r{i}s.json").read_text())
+        rate = 0.6 * saturated["completed"] / saturated["duration"]
+        for load, request_rate in (("s", "inf"), ("l", repr(rate))):
+            real = CHECKS / "check20" / f"r{i}{load}.json"
+            blocks = json.loads(real.read_text())["num_kv_blocks"]
+            out = tmp_path / f"{i}{load}.json"
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "sim_vs_run.py"), str(real),
+                   "--output", str(out), "--", "--model", "llama-3.1-8b", "--hardware",
+                   "h100-sxm", "--num-requests", "500", "--max-model-len", "4096", "--seed", "0",
+                   *combo, "--request-rate", request_rate, "--num-kv-blocks", str(blocks),
+                   "--fit-lengths", "clip"]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+            assert proc.returncode == 0, proc.stderr
+            rows = json.loads(out.read_text())["errors"]
+            measured = next(
+                v for k, v in rows.items() if k.startswith("roofline h100-sxm, measured")
+            )
+            for key, error in measured.items():
+                if key.startswith(("p50", "p99")) or key == "duration":
+                    q = "p99" if key.startswith("p99") else "p50"
+                    worst[q] = max(worst[q], abs(error))
+    assert worst["p50"] <= 0.10 and worst["p99"] <= 0.15, worst
