@@ -357,8 +357,9 @@ class RooflineCostModel:
         self._overhead_per_seq_s = device.overhead_per_seq_s
         self._eager_launch_s = device.eager_launch_s_per_layer * model.num_layers
         self._imbalance_s_per_token = device.decode_imbalance_s_per_token
-        kv_heads_per_device = max(1, model.num_kv_heads // tensor_parallel)
-        self._imbalance_spread_seqs = max(1.0, device.decode_split_programs / kv_heads_per_device)
+        self._imbalance_spread_seqs = split_spread_seqs(
+            device.decode_split_programs, model.num_kv_heads // tensor_parallel
+        )
         self._comm_s, self._comm_s_per_token = self._communication()
 
     def _communication(self) -> tuple[float, float]:
@@ -560,6 +561,14 @@ class RooflineCostModel:
             roof_s = max(compute_s, memory_s, launch_s)  # type: ignore[type-var]
             return roof_s + host_s + comm_s  # type: ignore[operator]
         return np.maximum(np.maximum(compute_s, memory_s), launch_s) + host_s + comm_s
+
+
+def split_spread_seqs(decode_split_programs: float, kv_heads_per_device: int) -> float:
+    """The decode batch (sequences) at which an attention kernel that splits keys
+    until it has ``decode_split_programs`` programs stops splitting: the programs
+    over the KV heads each GPU holds (at least 1). The decode imbalance of a
+    smaller batch is spread over this many sequences."""
+    return max(1.0, decode_split_programs / max(1, kv_heads_per_device))
 
 
 def runs_eagerly(num_tokens: Any, num_seqs: Any) -> Any:

@@ -29,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import BatchShape, StepTotals, runs_eagerly
+from roseinfer.calibration.cost_model import (
+    BatchShape,
+    StepTotals,
+    runs_eagerly,
+    split_spread_seqs,
+)
 from roseinfer.metrics.schema import (
     MAX_EXTRAPOLATION,
     MAX_EXTRAPOLATION_AXIS,
@@ -546,7 +551,7 @@ def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) ->
     graphs = executor.get("cuda_graph_batch_sizes") or ()
     if not (programs and graphs and num_kv_heads):
         return 0.0
-    return max(1.0, float(programs) / num_kv_heads)
+    return split_spread_seqs(float(programs), num_kv_heads)
 
 
 SIMPLER_WINS_WITHIN = 0.10  # a more complex candidate must beat a simpler one by 10%
