@@ -13,6 +13,9 @@ the Azure conv and code traces at two loads, and writes ``OUTPUT.md`` and
 * replay error: the simulator priced by each real run's own step log vs that run;
 * rank agreement: Kendall tau and resolved pairs across combinations.
 
+A profile with step jitter (``roseinfer.calibration.jitter``) is also priced at
+its medians, against the same real runs (``--step-jitter off``'s table).
+
 Workload: each trace slice's prompts are scaled by ``--prompt-scale`` and
 clipped to 8..``--max-prompt-tokens``, outputs clipped to 4..``--max-output-tokens``
 (the acceptance check's recipe: a real conversation scaled to GPT-2's context),
@@ -341,13 +344,18 @@ def main() -> int:
             )
             if by_roofline is not None:
                 md += report_md(by_roofline, cost_model_source(roofline))
+            medians = getattr(cost_model, "jitter", None) and cost_model.without_jitter()
+            by_medians = None if not medians else reprice(args, timed, combos, report, medians)
+            if by_medians is not None:
+                md += report_md(by_medians, "the same profile at its medians (--step-jitter off)")
             if args.save_steps_dir is not None:
                 save_steps(args.save_steps_dir, f"{trace}-{load:g}", report, spec)
             cases.append({"trace": trace, "workload": name, "load": load,
                           "capacity_req_s": capacity, "request_rate": load * capacity,
                           **report.to_json(),
                           "leave_one_out": None if loo is None else loo.to_json(),
-                          "roofline": None if by_roofline is None else by_roofline.to_json()})  # fmt: skip
+                          "roofline": None if by_roofline is None else by_roofline.to_json(),
+                          "medians": None if by_medians is None else by_medians.to_json()})  # fmt: skip
             doc = _doc(args, [cost_model, roofline], facts_before, start, cases)
             write_outputs(args.output, doc, md)
     print(args.output.with_suffix(".md").read_text())

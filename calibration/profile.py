@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from roseinfer.calibration.jitter import StepJitter
 from roseinfer.calibration.roofline_fit import (
     CalibratedRoofline,
     CalibratedRooflineCostModel,
@@ -246,7 +247,7 @@ class Profile:
             error = f", held-out median step error {held_out.median:.1%}" if held_out else ""
             return ProfiledCostModel(
                 self.step_fit.model, self.label, held_out, source=self.source + error,
-                sample_range=SampleRange.of(self.samples),
+                sample_range=SampleRange.of(self.samples), jitter=self.jitter(),
             )  # fmt: skip
         if self.roofline is None or self.model_spec is None:
             raise ProfileError(
@@ -254,6 +255,18 @@ class Profile:
                 "drop --model (or calibrate from a rose-run profile or step log)"
             )
         return self.roofline.cost_model(model, f"calibrated roofline from {self.source}")
+
+    def jitter(self) -> StepJitter | None:
+        """The spread of the profiled shapes' repetitions around their medians
+        (:class:`~roseinfer.calibration.jitter.StepJitter`); None when too few
+        shapes were timed more than once (step logs time each step once)."""
+        ex = self.executor
+        graphs = bool(ex.get("cuda_graph_batch_sizes")) and not ex.get("enforce_eager")
+        shapes = []
+        for s in self.samples:
+            t = s.shape.totals()
+            shapes.append((float(t.num_tokens), float(t.num_seqs), s.times_s))
+        return StepJitter.of_repetitions(shapes, graphs)
 
     def scheduler_defaults(
         self,

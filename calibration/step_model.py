@@ -35,6 +35,7 @@ from roseinfer.calibration.cost_model import (
     runs_eagerly,
     split_spread_seqs,
 )
+from roseinfer.calibration.jitter import StepJitter
 from roseinfer.metrics.schema import (
     MAX_EXTRAPOLATION,
     MAX_EXTRAPOLATION_AXIS,
@@ -675,6 +676,9 @@ class ProfiledCostModel:
             step error 4.6%`` (default: ``profile of LABEL``).
         sample_range: the largest steps it was fitted on; the simulator counts the
             steps it prices beyond them (:class:`ExtrapolationCounter`).
+        jitter: the measured spread of step times around the fitted medians, which
+            the simulator applies step by step (None: every step at its median).
+            :meth:`step_time_s` and :meth:`decode_run_times_s` stay the medians.
     """
 
     name = "profiled"
@@ -686,12 +690,26 @@ class ProfiledCostModel:
         held_out: HeldOutError | None = None,
         source: str | None = None,
         sample_range: SampleRange | None = None,
+        jitter: StepJitter | None = None,
     ) -> None:
         self.model = model
         self.label = label
         self.held_out = held_out
-        self.source = source or f"profile of {label}"
+        self.fit_source = source or f"profile of {label}"
         self.sample_range = sample_range
+        self.jitter = jitter
+
+    @property
+    def source(self) -> str:
+        """What its numbers stand on: the fit's source, then the step jitter's summary."""
+        jitter = f"; {self.jitter.summary()}" if self.jitter is not None else ""
+        return self.fit_source + jitter
+
+    def without_jitter(self) -> ProfiledCostModel:
+        """The same model pricing every step at its fitted median."""
+        return ProfiledCostModel(
+            self.model, self.label, self.held_out, self.fit_source, self.sample_range
+        )
 
     def step_time_s(self, shape: BatchShape) -> float:
         """Seconds one step with this batch takes; 0.0 for an empty batch."""
@@ -720,7 +738,8 @@ class ProfiledCostModel:
             if err is not None and err.num_samples
             else ""
         )
-        return f"profiled: {self.label}; fit {self.model.name}{tail}"
+        jitter = f"; {self.jitter.summary()}" if self.jitter is not None else ""
+        return f"profiled: {self.label}; fit {self.model.name}{tail}{jitter}"
 
     def __repr__(self) -> str:
         return f"ProfiledCostModel({self.describe()})"

@@ -30,6 +30,7 @@ from roseinfer.cli.flags import (
     add_flag,
     add_quiet_args,
     friendly_errors,
+    int_in,
     say_to,
 )
 from roseinfer.config import DEFAULT_MAX_NUM_SEQS, SchedulerConfig
@@ -56,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(g, "--seed")
     g.add_argument("--repetitions", type=POSITIVE, help="timed runs per shape; the median "
                    "is kept (default: the profiler's, 3)")  # fmt: skip
+    g.add_argument("--served-requests", type=int_in(0), metavar="N",
+                   help="after the grid, serve N requests (all at t=0, log-normal lengths "
+                   "spanning --max-model-len, fifo at --max-num-batched-tokens) and fit their "
+                   "logged steps with the grid's: the shapes and timing of a real run "
+                   "(default: 2 x --max-num-seqs on CUDA, 0 on CPU, where a run's "
+                   "--save-steps log calibrates as well)")  # fmt: skip
     g = parser.add_argument_group("limits (as rose-run; they set the grid and the KV pool)")
     add_flag(g, "--max-num-batched-tokens", help="most tokens per step (on CUDA one pass of "
              "the runner, which the memory planner profiles; default: max(--max-model-len, "
@@ -104,12 +111,16 @@ def _profile(args: argparse.Namespace) -> Profile:
     except ValueError as err:
         raise CliError(str(err)) from None
     built = builder.build_runner(loaded, config, size, runner_choice(args), say)
+    served = args.served_requests
+    if served is None:
+        served = 2 * args.max_num_seqs if built.runner.device.type == "cuda" else 0
     # NOTE: the budget before rose-run's cap is recorded, so rose-sim sizes another
     # model's pool from the same memory.
     return run_profile(
         built.runner, built.config, model_name=args.model, model_spec=loaded.spec,
         hf_config=loaded.hf_config, max_num_batched_tokens=tokens, seed=args.seed,
         show_progress=not args.quiet, kv_cache_budget_bytes=built.pool.budget_bytes,
+        served_requests=served,
         **({} if args.repetitions is None else {"repetitions": args.repetitions}),
     )  # fmt: skip
 
@@ -117,9 +128,12 @@ def _profile(args: argparse.Namespace) -> Profile:
 def summary_lines(profile: Profile, path: Path) -> str:
     """What ``rose-run profile`` prints: samples, fit choice, held-out errors, roofline."""
     fit, roof = profile.step_fit, profile.roofline
+    served = profile.extra.get("served") or {}
+    steps = served.get("num_steps", 0)
     lines = [
-        f"profiled {profile.label}: {len(profile.samples)} step shapes in "
-        f"{profile.extra.get('profile_wall_s', float('nan')):.0f} s -> {path}",
+        f"profiled {profile.label}: {len(profile.samples) - steps} step shapes"
+        + (f" and {steps} steps of {served['num_requests']} served requests" if steps else "")
+        + f" in {profile.extra.get('profile_wall_s', float('nan')):.0f} s -> {path}",
         "held-out relative error (median / p90 / max):",
     ]
     for name, err in fit.held_out.items():

@@ -84,6 +84,16 @@ def _add_cost_model_args(g: argparse._ArgumentGroup) -> None:
                    "sources in calibration/specs.py")  # fmt: skip
     add_flag(g, "--gpu-memory-utilization")
     g.add_argument(
+        "--step-jitter",
+        choices=("profile", "off"),
+        default="profile",
+        help="with --cost-model PROFILE: 'profile' (default) multiplies each simulated step's "
+        "fitted median time by a ratio drawn from the profile's own repetitions (eager steps "
+        "and CUDA-graph decodes apart, seeded: a run is reproducible), so means and tails "
+        "include the executor's measured step-to-step spread; 'off' prices every step at its "
+        "median. Step logs and rooflines carry no repetitions and price medians",
+    )
+    g.add_argument(
         "--no-jump",
         action="store_true",
         help="plan every decode step alone (slower; same result, for checking)",
@@ -120,8 +130,9 @@ def setup_of(args: argparse.Namespace) -> SimSetup:
         )
     max_num_seqs = scheduler_knobs(args)["max_num_seqs"]
     return calibrated_setup(
-        args.cost_model, args.model, kv_pool(args), max_num_seqs, args.max_model_len
-    )
+        args.cost_model, args.model, kv_pool(args), max_num_seqs, args.max_model_len,
+        step_jitter=args.step_jitter != "off",
+    )  # fmt: skip
 
 
 def run_config(

@@ -60,8 +60,13 @@ from roseinfer.request import Request, SamplingParams
 from roseinfer.scheduler import Scheduler, SchedulerOutput, StepTotals
 
 DEFAULT_REPETITIONS = 3  # timed runs per shape (the median is kept)
+SERVED_KIND_PREFIX = "served-"
+"""Kind prefix of the samples a profile's served run logged (``served-decode``, ...)."""
+SERVED_SIGMA = 1.0
+"""Log-normal sigma of the served run's prompt and output lengths (a factor of
+e ~ 2.7 each way within one sigma: prompts from tens of tokens to the limit)."""
 RETRY_SPREAD = 1.3  # repetitions further apart than this are timed again
-GREEDY = SamplingParams()  # what the engine samples a greedy request with
+GREEDY = SamplingParams()  # what the engine samples a greedy request with (to its length)
 
 
 def batch_shape_of(seqs: Sequence[tuple[int, int]]) -> BatchShape:
@@ -373,8 +378,9 @@ def run_profile(
     show_progress: bool = True,
     kv_cache_budget_bytes: int | None = None,
     graph_batch_sizes: Sequence[int] | None = None,
+    served_requests: int = 0,
 ) -> Profile:
-    """Warm up, time the grid, measure the host overhead, fit: a :class:`Profile`.
+    """Warm up, time the grid, serve a run, measure the host overhead, fit: a :class:`Profile`.
 
     Args:
         runner: the model runner (its KV pool is the one profiled).
@@ -391,6 +397,8 @@ def run_profile(
         graph_batch_sizes: decode batch sizes the runner captured as CUDA graphs
             (default: the runner's ``graph_batch_sizes``, else vLLM's capture list
             on CUDA and none on CPU); decode batches are timed at these sizes.
+        served_requests: requests of a served run after the grid
+            (:func:`served_samples`; 0: none), whose logged steps join the fit.
     """
     start, load_before = time.perf_counter(), environment_facts(runner.device)["load_average"]
     graphs = _graph_batch_sizes(runner, config) if graph_batch_sizes is None else graph_batch_sizes
@@ -409,7 +417,13 @@ def run_profile(
         OverheadSample(o.family, o.num_layers, _with_host(o.sample, host))
         for o in measure_dispatch_overhead(runner, hf_config, limits, repetitions, seed)
     ]
-    samples = _timed_samples(runner, limits, repetitions, seed, show_progress)
+    samples = [
+        _with_host(s, host)
+        for s in _timed_samples(runner, limits, repetitions, seed, show_progress)
+    ]
+    served_s = time.perf_counter()
+    served = served_samples(runner, config, max_num_batched_tokens, served_requests, seed)
+    served_s = time.perf_counter() - served_s
     extra = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "profile_wall_s": time.perf_counter() - start,
@@ -420,6 +434,14 @@ def run_profile(
             "counts": grid_counts(profile_grid(limits, seed)),
             "graph_batch_sizes": list(limits.graph_batch_sizes),
         },
+        "served": {
+            "num_requests": served_requests,
+            "num_steps": len(served),
+            "wall_s": served_s,
+            "prompt_median_tokens": _served_medians(config.max_model_len)[0],
+            "output_median_tokens": _served_medians(config.max_model_len)[1],
+            "sigma": SERVED_SIGMA,
+        },
         "host": dataclasses.asdict(host),
         "warmup": [dataclasses.asdict(w) for w in warmup],
     }
@@ -427,9 +449,76 @@ def run_profile(
     return Profile.create(
         model_name=model_name, model_spec=model_spec, executor=executor,
         environment={**environment_facts(runner.device), "load_average_before": load_before},
-        samples=[_with_host(s, host) for s in samples], overhead_samples=dispatch,
+        samples=samples + served, overhead_samples=dispatch,
         base_device=builtin_device_spec(runner.device), seed=seed, extra=extra,
     )  # fmt: skip
+
+
+def _served_medians(max_model_len: int) -> tuple[int, int]:
+    """Median prompt and output tokens of the served run: a quarter and a 32nd of
+    ``max_model_len`` (1,024 and 128 at 4,096), so its log-normal lengths span the
+    limit; chosen to cover the shapes, not fitted to any trace."""
+    return max(1, max_model_len // 4), max(1, max_model_len // 32)
+
+
+def served_workload(
+    num_requests: int, max_model_len: int, vocab_size: int, seed: int = 0
+) -> list[Request]:
+    """The served run's requests: all at t=0, log-normal prompt and output lengths
+    (medians :func:`_served_medians`, sigma :data:`SERVED_SIGMA`) clipped so each
+    fits ``max_model_len``, distinct random prompts (no prefix-cache hits)."""
+    rng = np.random.default_rng([seed, 1])
+    prompt_median, output_median = _served_medians(max_model_len)
+    prompts = np.exp(rng.normal(np.log(prompt_median), SERVED_SIGMA, num_requests))
+    outputs = np.exp(rng.normal(np.log(output_median), SERVED_SIGMA, num_requests))
+    out = []
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        num_prompt = int(np.clip(round(p), 1, max_model_len - 1))
+        num_output = int(np.clip(round(o), 1, max_model_len - num_prompt))
+        ids = tuple(rng.integers(0, vocab_size, num_prompt).tolist())
+        out.append(Request(f"served-{i}", 0.0, num_prompt, num_output, ids, sampling=GREEDY))
+    return out
+
+
+def served_samples(
+    runner: ModelRunner,
+    config: SchedulerConfig,
+    max_num_batched_tokens: int,
+    num_requests: int,
+    seed: int = 0,
+) -> list[ProfileSample]:
+    """Serve :func:`served_workload` through the engine rose-run uses (fifo,
+    prefill-first, ``max_num_batched_tokens`` per step, chunked only where a prompt
+    can exceed it) and return its logged steps as samples (kind ``served-...``,
+    one time each, host work included).
+
+    A grid times chosen shapes back to back; a served run takes the shapes the
+    scheduler makes (prompt lengths between the grid's, decode batches whose
+    contexts skew as requests join and leave) on a device and host in their
+    serving state. On one H100 the grid's profile priced the served steps of
+    ``20-gpu-fidelity``'s runs 6-15% low (prefills of 700-1,400 tokens, decode
+    batches of 128-256 with skewed contexts; ``benchmarks/gpu/sim_vs_check20.sh``).
+    """
+    if num_requests <= 0:
+        return []
+    from roseinfer.calibration.steplog import StepRecorder
+    from roseinfer.executor.engine import Engine
+
+    served = dataclasses.replace(
+        config,
+        policy="fifo",
+        loop_order="prefill-first",
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=max_num_batched_tokens < config.max_model_len,
+    )
+    recorder = StepRecorder(keep=True)
+    engine = Engine(runner, served, load_registry(), seed=seed, on_step=recorder)
+    engine.run(served_workload(num_requests, config.max_model_len, runner.vocab_size, seed))
+    return [
+        ProfileSample(SERVED_KIND_PREFIX + r.kind, r.shape, (r.duration_s,))
+        for r in recorder.records or ()
+        if r.duration_s > 0
+    ]
 
 
 def _graph_batch_sizes(runner: ModelRunner, config: SchedulerConfig) -> tuple[int, ...]:

@@ -116,7 +116,7 @@ class _Replica:
         policy = registry.make(spec.config.policy, loop_order, spec.config.options)
         self.index, self.spec, self.policy_label = index, spec, policy.label
         self.scheduler = Scheduler(spec.config, policy, policy.label)
-        self.backend = CostModelBackend(spec.cost_model, jump=jump)
+        self.backend = CostModelBackend(spec.cost_model, jump=jump, stream=index)
         self.records = RecordBuilder(keep_token_times=keep_token_times)
         self.version = 0  # bumps whenever its next event changes (the heap's stale entries)
         self.time_s = 0.0  # end of the step in flight, or when it last went idle

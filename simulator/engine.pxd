@@ -38,6 +38,9 @@ cdef class CostModelBackend:
     cdef public list _run_ends_s
     cdef public _Roofline _roofline
     cdef public object extrapolation
+    cdef public object jitter
+    cdef public Py_ssize_t stream
+    cdef public Py_ssize_t step_index
     cpdef Py_ssize_t decode_run_length(self, SchedulerOutput out, double now_s,
                                        double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(roofline=_Roofline, num_seqs=double, context=double, num_steps=Py_ssize_t,
@@ -45,5 +48,6 @@ cdef class CostModelBackend:
                    excess=double)
     cpdef Py_ssize_t _roofline_run(self, SchedulerOutput out, double now_s,
                                    double next_arrival_s, Py_ssize_t max_steps) except? -1
-    @cython.locals(step_s=double, num_decodes=Py_ssize_t)
+    @cython.locals(step_s=double, num_decodes=Py_ssize_t, first_step=Py_ssize_t,
+                   num_seqs=Py_ssize_t, num_tokens=Py_ssize_t, eager=bint)
     cpdef execute(self, SchedulerOutput out, double now_s)

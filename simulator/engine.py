@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from roseinfer._core import core_info
-from roseinfer.calibration.cost_model import BatchShape, CostModel, RooflineCostModel
+from roseinfer.calibration.cost_model import (
+    BatchShape,
+    CostModel,
+    RooflineCostModel,
+    runs_eagerly,
+)
 from roseinfer.calibration.specs import MAX_GRAPH_BATCH_SIZE
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
@@ -182,15 +187,24 @@ class CostModelBackend:
     Args:
         cost_model: maps a step's batch shape to seconds.
         jump: plan multi-step decode runs (False: one step per output).
+        stream: which run of a simulation this is (a cluster's replica index):
+            picks the random numbers of a cost model's step jitter.
 
     Attributes:
         extrapolation: counts the executed steps priced outside the shapes a fitted
             cost model saw (when it has a ``sample_range``), else None.
+        jitter: the cost model's measured step-time spread
+            (:class:`~roseinfer.calibration.jitter.StepJitter`), which multiplies
+            each executed step's time by its own factor; None: medians.
+        step_index: steps executed so far (the next step's jitter index).
     """
 
-    def __init__(self, cost_model: CostModel, *, jump: bool = True) -> None:
+    def __init__(self, cost_model: CostModel, *, jump: bool = True, stream: int = 0) -> None:
         self.cost_model = cost_model
         self.jump = jump
+        self.jitter = getattr(cost_model, "jitter", None)
+        self.stream = stream
+        self.step_index = 0
         self._run_times_s = np.empty(0)
         self._run_ends_s: list[float] = []  # the priced run's end times (compiled pricing)
         # NOTE: the interpreted core prices through the cost model (numpy for long
@@ -222,6 +236,10 @@ class CostModelBackend:
             if first_s > 0:
                 num_steps = min(max_steps, int((next_arrival_s - now_s) / first_s) + 2)
         times = self.cost_model.decode_run_times_s(np.array(out.decode_contexts), num_steps)
+        if self.jitter is not None:
+            num_seqs = len(out.decodes)
+            eager = np.full(num_steps, bool(runs_eagerly(num_seqs, num_seqs)))
+            times = times * self.jitter.factors(self.step_index, eager, times, self.stream)
         self._run_times_s = times
         if math.isinf(next_arrival_s):
             return num_steps
@@ -263,6 +281,8 @@ class CostModelBackend:
         admissions, never with a multi-step decode run."""
         if self.extrapolation is not None:
             self.extrapolation.observe(out.totals(), out.num_steps)
+        first_step = self.step_index
+        self.step_index += out.num_steps
         if out.num_steps > 1:
             if self._roofline is not None:
                 return StepResult(self._run_ends_s[: out.num_steps])
@@ -279,6 +299,11 @@ class CostModelBackend:
             )
         else:
             step_s = self.cost_model.step_time_s(batch_shape(out))
+            if self.jitter is not None:
+                num_seqs = len(out.prefills) + len(out.decodes)
+                num_tokens = out.num_prefill_tokens + len(out.decodes)
+                eager = bool(runs_eagerly(num_tokens, num_seqs))
+                step_s = step_s * self.jitter.factor(first_step, eager, step_s, self.stream)
         transfers = out.kv_transfers
         if transfers is not None:
             step_s = transfers.step_time_s(step_s)

@@ -209,11 +209,15 @@ def calibrated_setup(
     pool: KVPool,
     max_num_seqs: int,
     max_model_len: int | None = None,
+    *,
+    step_jitter: bool = True,
 ) -> SimSetup:
     """The calibration in ``files``: its fitted step times price the calibrated
     model, its calibrated roofline another ``model_name``; the calibrated KV pool,
     block size, model length and ``--fit-lengths`` are the defaults. Settings that
     differ from the calibrated run are recorded as ``profile_overrides``.
+    ``step_jitter`` False prices fitted medians only (no
+    :class:`~roseinfer.calibration.jitter.StepJitter`).
 
     Raises:
         SetupError: on a bad file, or a calibration without a model shape and no
@@ -221,7 +225,7 @@ def calibrated_setup(
     """
     # NOTE: imported here: a roofline run never loads the profile readers and fitters
     from roseinfer.calibration.profile import load_calibration
-    from roseinfer.calibration.step_model import ProfileError
+    from roseinfer.calibration.step_model import ProfiledCostModel, ProfileError
 
     try:
         profile = load_calibration(files)
@@ -231,6 +235,8 @@ def calibrated_setup(
     try:
         defaults = _pool_defaults(profile, other, pool, max_num_seqs)
         cost_model = profile.cost_model(other)
+        if not step_jitter and isinstance(cost_model, ProfiledCostModel):
+            cost_model = cost_model.without_jitter()
     except ProfileError as err:
         raise SetupError(str(err)) from None
     block_size, num_blocks = defaults["block_size"], defaults["num_kv_blocks"]

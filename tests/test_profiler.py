@@ -222,3 +222,31 @@ def test_sim_with_the_profile_predicts_the_real_run_loosely(
     for key in ("duration", "median_e2el_ms"):
         assert r[key] / 4 < s[key] < r[key] * 4, (key, r[key], s[key])
     assert load_profile(tiny_profile).cost_model().name == "profiled"
+
+
+def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path):
+    """``--served-requests``: the engine serves log-normal requests after the grid;
+    its logged steps (one time each, kind ``served-...``) are fitted with the grid's."""
+    from roseinfer.executor.profiler import served_workload
+
+    reqs = served_workload(200, 128, 50257, seed=3)
+    assert all(r.arrival_time_s == 0 and r.num_prompt_tokens + r.max_output_tokens <= 128
+               for r in reqs)  # fmt: skip
+    lengths = np.array([r.num_prompt_tokens for r in reqs])
+    assert lengths.min() < 16 and lengths.max() >= 100  # spans the limit around its median 32
+    assert len({r.prompt_token_ids for r in reqs}) == 200  # distinct: no prefix-cache hits
+    path = tmp_path / "served.json"
+    code, out, _ = run_cli(
+        monkeypatch, capsys, "profile", "--device", "cpu", "--model", "tiny-gpt2", "--output",
+        str(path), "--repetitions", "1", "--max-num-seqs", "8", "--max-model-len", "128",
+        "--max-num-batched-tokens", "256", "--no-progress", "--served-requests", "12",
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(path.read_text())
+    served = [s for s in doc["samples"] if s["kind"].startswith("served-")]
+    assert len(served) == doc["served"]["num_steps"] > 12  # every request's prefill and decodes
+    assert doc["served"]["num_requests"] == 12
+    assert {s["kind"] for s in served} <= {"served-prefill", "served-decode", "served-mixed"}
+    assert all(len(s["times_s"]) == 1 and s["host_s"] == 0 for s in served)
+    assert f"and {len(served)} steps of 12 served requests" in out
+    assert load_profile(path).step_fit.held_out  # fitted with the grid

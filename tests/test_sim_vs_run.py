@@ -37,6 +37,31 @@ def test_the_runs_step_log_replays_it_and_every_cost_model_is_compared(tmp_path)
 
 
 CHECKS = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-26-checks"
+COMBOS = {
+    "1": ["--policy", "budget", "--prefill-max-tokens", "2048"],
+    "2": ["--policy", "pack", "--prefill-max-tokens", "2048", "--force-fifo-every", "8",
+          "--loop-order", "decode-first"],
+}  # fmt: skip
+"""The GPU fidelity check's two combinations, by the digit of its result files."""
+
+
+def check20_errors(tmp_path: Path, run: str, calibration: list[str]) -> dict[str, dict[str, float]]:
+    """sim_vs_run.py's errors, by cost model, on check 20's run ``run`` (``1s``, ``2l``,
+    ...: combination, then saturated or 60% load), as the check simulated it."""
+    i, load = run[0], run[1]
+    saturated = json.loads((CHECKS / "check20" / f"r{i}s.json").read_text())
+    rate = "inf" if load == "s" else repr(0.6 * saturated["completed"] / saturated["duration"])
+    real = CHECKS / "check20" / f"r{run}.json"
+    blocks = json.loads(real.read_text())["num_kv_blocks"]
+    out = tmp_path / f"{run}.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "sim_vs_run.py"), str(real),
+           *(["--calibration", *calibration] if calibration else []), "--output", str(out),
+           "--", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--num-requests", "500",
+           "--max-model-len", "4096", "--seed", "0", *COMBOS[i], "--request-rate", rate,
+           "--num-kv-blocks", str(blocks), "--fit-lengths", "clip"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())["errors"]
 
 
 @pytest.mark.skipif(not CHECKS.is_dir(), reason="no shipped H100 check results")
@@ -46,31 +71,24 @@ def test_the_measured_spec_replays_the_fidelity_checks_runs_within_its_targets(t
     h100-sxm: worst p50 error <= 10% and p99 <= 15% (the check's targets). Its
     decode imbalance was fitted to another run, so this guards the spec, not a fit."""
     worst = {"p50": 0.0, "p99": 0.0}
-    combos = {
-        "1": ["--policy", "budget", "--prefill-max-tokens", "2048"],
-        "2": ["--policy", "pack", "--prefill-max-tokens", "2048", "--force-fifo-every", "8",
-              "--loop-order", "decode-first"],
-    }  # fmt: skip
-    for i, combo in combos.items():
-        saturated = json.loads((CHECKS / "check20" / f"r{i}s.json").read_text())
-        rate = 0.6 * saturated["completed"] / saturated["duration"]
-        for load, request_rate in (("s", "inf"), ("l", repr(rate))):
-            real = CHECKS / "check20" / f"r{i}{load}.json"
-            blocks = json.loads(real.read_text())["num_kv_blocks"]
-            out = tmp_path / f"{i}{load}.json"
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "sim_vs_run.py"), str(real),
-                   "--output", str(out), "--", "--model", "llama-3.1-8b", "--hardware",
-                   "h100-sxm", "--num-requests", "500", "--max-model-len", "4096", "--seed", "0",
-                   *combo, "--request-rate", request_rate, "--num-kv-blocks", str(blocks),
-                   "--fit-lengths", "clip"]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-            assert proc.returncode == 0, proc.stderr
-            rows = json.loads(out.read_text())["errors"]
-            measured = next(
-                v for k, v in rows.items() if k.startswith("roofline h100-sxm, measured")
-            )
-            for key, error in measured.items():
-                if key.startswith(("p50", "p99")) or key == "duration":
-                    q = "p99" if key.startswith("p99") else "p50"
-                    worst[q] = max(worst[q], abs(error))
+    for run in ("1s", "1l", "2s", "2l"):
+        rows = check20_errors(tmp_path, run, [])
+        measured = next(v for k, v in rows.items() if k.startswith("roofline h100-sxm, measured"))
+        for key, error in measured.items():
+            if key.startswith(("p50", "p99")) or key == "duration":
+                q = "p99" if key.startswith("p99") else "p50"
+                worst[q] = max(worst[q], abs(error))
     assert worst["p50"] <= 0.10 and worst["p99"] <= 0.15, worst
+
+
+@pytest.mark.skipif(not CHECKS.is_dir(), reason="no shipped H100 check results")
+def test_the_profiles_step_jitter_gives_the_tail_its_medians_miss(tmp_path):
+    """At 60% load the p99 inter-token latency of the check's runs is a prefill step
+    that a host hiccup stretched: the profile priced at its medians misses it by
+    over 25%, its measured step jitter (the profile's own repetitions) within 8%."""
+    for run in ("1l", "2l"):
+        rows = check20_errors(tmp_path, run, [str(CHECKS / "check20" / "p-refit.json")])
+        medians = next(v for k, v in rows.items() if k.endswith("(medians, --step-jitter off)"))
+        jittered = next(v for k, v in rows.items() if "; step jitter of" in k)
+        assert medians["p99_itl_ms"] < -0.25, medians
+        assert abs(jittered["p99_itl_ms"]) < 0.08, jittered

@@ -3,7 +3,8 @@
 Simulates the run's requests with rose-sim's own flags (everything after ``--``) once per
 cost model: the built-in ``--hardware`` spec as it stands (measured where ``calibration/specs.py``
 records a measurement), the same spec with its datasheet constants, and each ``--calibration``
-file (a profile or a step log, as ``rose-sim --cost-model``). Prints, per cost model, the signed
+file (a profile or a step log, as ``rose-sim --cost-model``; ``A,B`` pools them, and a profile
+with repetitions is priced with and without its step jitter). Prints, per cost model, the signed
 error ``sim / real - 1`` of duration, output throughput and p50/p99 TTFT, TPOT, ITL and E2EL.
 Runs on a CPU; the real result comes from a GPU run (``rose-run --save-result``).
 
@@ -25,6 +26,7 @@ from typing import Any
 from roseinfer.calibration.cost_model import CostModel, RooflineCostModel
 from roseinfer.calibration.profile import load_calibration
 from roseinfer.calibration.specs import DATASHEET_DEVICES
+from roseinfer.calibration.step_model import ProfiledCostModel
 from roseinfer.cli.config import check_args
 from roseinfer.cli.sim_flags import build_parser, run_config, setup_of
 from roseinfer.cli.workload import build_workload, fit_workload
@@ -46,8 +48,11 @@ def cost_models(base: CostModel, calibrations: Sequence[str]) -> dict[str, CostM
             out[f"roofline {datasheet.name}, datasheet constants"] = RooflineCostModel(
                 base.model, datasheet, base.tensor_parallel, base.pipeline_parallel, base.link
             )
-    for path in calibrations:
-        model = load_calibration([path]).cost_model()
+    for item in calibrations:
+        model = load_calibration(item.split(",")).cost_model()
+        if isinstance(model, ProfiledCostModel) and model.jitter is not None:
+            medians = model.without_jitter()
+            out[medians.source + " (medians, --step-jitter off)"] = medians
         out[model.source] = model
     return out
 
@@ -65,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("real", type=Path, help="the rose-run result file (--save-result)")
     p.add_argument(
-        "--calibration", nargs="*", default=[], help="profiles / step logs to price with"
+        "--calibration",
+        nargs="*",
+        default=[],
+        help="profiles / step logs to price with, each alone; FILE,FILE pools them in one fit",
     )
     p.add_argument("--output", type=Path, help="write the errors as JSON")
     args = p.parse_args(own)
@@ -83,12 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = simulate(requests, config, cost, registry=registry)
         summary = summarize(result.columns, duration_s=result.duration_s, itl=result.itl)
         rows[label] = errors(real, dict(summary))
-    width = max(len(label) for label in rows)
+    for i, label in enumerate(rows, 1):
+        print(f"[{i}] {label}")
     names = (k.replace("_ms", "").replace("output_throughput", "out tok/s") for k in METRICS)
-    print(f"{'cost model':<{width}}  " + "  ".join(f"{k:>10}" for k in names))
-    for label, errs in rows.items():
+    print("cost model  " + "  ".join(f"{k:>10}" for k in names))
+    for i, errs in enumerate(rows.values(), 1):
         cells = (f"{errs[k]:+10.1%}" if k in errs else f"{'-':>10}" for k in METRICS)
-        print(f"{label:<{width}}  " + "  ".join(cells))
+        print(f"{f'[{i}]':<10}  " + "  ".join(cells))
     if args.output:
         args.output.write_text(json.dumps({"real": str(args.real), "errors": rows}, indent=1))
     return 0

@@ -1,0 +1,209 @@
+"""Step-time jitter: how much an executor's steps vary around their shape's median.
+
+A fitted step model prices a shape by the *median* of its profiled repetitions
+(:attr:`~roseinfer.calibration.step_model.ProfileSample.target_s`). Real steps
+scatter around it. On one H100 (``benchmarks/gpu/results/h100-2026-11-26-checks``,
+the four runs of ``20-gpu-fidelity``), 3-12% of the eager steps (any prefill
+token) took over 1.25x what the run's own step log fits for their shape, 1.7-2.6x
+at the 99th percentile, while CUDA-graph decodes stayed within 1.1-1.4x; the
+profile's repetitions scatter alike (eager: 10% over 1.25x, p99 2.6-4x; graph
+decodes: 0.5%, p99 1.14x). The stretch behaves like a host hiccup: it shows on
+launch-bound steps (an eager prefill of a few hundred tokens: a 12 ms launch
+roof, up to +35 ms) and hides behind GPU-bound ones (a 4,096-token prefill:
+within 1.1x). Priced at medians, the runs at 60% load came out 28-33% low in p99
+inter-token latency (a decode that waited for a stretched prefill), and 13% low
+even priced by the run's own step log; with this jitter, 5-7% low.
+
+:class:`StepJitter` keeps the measured ratios ``repetition / median`` of every
+profiled shape, split into eager steps and graph-replayed decodes (one class for
+an executor without CUDA graphs), and gives the simulator a factor per executed
+step: step ``i`` of a run draws from the ratios of the :data:`NEIGHBOURS` profiled
+shapes of its class whose medians are nearest its fitted time, with a random
+number that depends only on ``(seed, stream, i)``. So a multi-step decode run
+priced at once and the same steps priced one by one get the same factors (the
+simulator's jump stays bit-identical), and a run is reproducible. The factors are
+not normalized: their mean is the measured mean over the median, so a simulated
+run's expected step times are the profile's means.
+
+Needs numpy only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from roseinfer.calibration.cost_model import runs_eagerly
+
+MIN_REPETITIONS = 20
+"""Fewest measured ratios (repetitions of shapes timed at least twice) a jitter is
+built from; fewer give no jitter."""
+CHUNK_STEPS = 4096
+"""Steps whose random numbers are drawn together (one generator per chunk)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _uniforms(seed: int, stream: int, chunk: int) -> np.ndarray:
+    """``[CHUNK_STEPS]`` uniforms in [0, 1) of steps ``chunk * CHUNK_STEPS`` onward."""
+    return np.random.default_rng([seed, stream, chunk]).random(CHUNK_STEPS)
+
+
+NEIGHBOURS = 12
+"""Profiled shapes whose repetitions make the ratio pool of a step: those of its
+class whose medians are nearest its own fitted time (on a log scale)."""
+
+
+@dataclass(frozen=True)
+class _Pools:
+    """One class's ratio pools: ``log_medians[k]`` of anchor ``k`` (sorted), the
+    ratios of its :data:`NEIGHBOURS` nearest shapes ``ratios[k, :counts[k]]``."""
+
+    log_medians: np.ndarray
+    ratios: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, shapes: list[tuple[float, np.ndarray]]) -> _Pools:
+        shapes = sorted(shapes, key=lambda s: s[0])
+        logs = np.log(np.array([m for m, _ in shapes]))
+        pools = []
+        for k in range(len(shapes)):
+            nearest = np.argsort(np.abs(logs - logs[k]), kind="stable")[:NEIGHBOURS]
+            pools.append(np.sort(np.concatenate([shapes[j][1] for j in nearest])))
+        counts = np.array([len(p) for p in pools])
+        ratios = np.ones((len(pools), int(counts.max())))
+        for k, pool in enumerate(pools):
+            ratios[k, : len(pool)] = pool
+        return cls(logs, ratios, counts)
+
+    def pick(self, times_s: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The ratio drawn by ``u`` (in [0, 1)) from the pool nearest each time."""
+        x = np.log(np.maximum(times_s, 1e-12))
+        right = np.clip(np.searchsorted(self.log_medians, x), 1, len(self.log_medians) - 1)
+        left = right - 1
+        if len(self.log_medians) == 1:
+            anchor = np.zeros(len(x), dtype=np.int64)
+        else:
+            nearer_left = (x - self.log_medians[left]) <= (self.log_medians[right] - x)
+            anchor = np.where(nearer_left, left, right)
+        counts = self.counts[anchor]
+        return self.ratios[anchor, (u * counts).astype(np.int64)]
+
+
+@dataclass(frozen=True)
+class StepJitter:
+    """Measured step-time ratios and the seeded factor of every simulated step.
+
+    A step's factor is drawn from the ratios ``repetition / median`` of the
+    profiled shapes of its class (eager or graph-replayed) whose medians are
+    nearest its fitted time: host hiccups stretch a launch-bound step (an eager
+    12 ms prefill: up to 3x on the H100) and vanish behind a GPU-bound one (a
+    110 ms prefill: within 1.1x), so one pool for all sizes would be wrong at both.
+
+    Attributes:
+        shapes: per class (``eager``, ``graph``), ``(median_s, ratios)`` of each
+            profiled shape timed at least twice; ``graph`` may be empty (no graphs:
+            the eager pools price every step).
+        seed: of the factors.
+    """
+
+    eager: tuple[tuple[float, tuple[float, ...]], ...]
+    graph: tuple[tuple[float, tuple[float, ...]], ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.eager and not self.graph:
+            raise ValueError("a step jitter needs profiled repetitions")
+        pools = {}
+        for name, shapes in (("eager", self.eager), ("graph", self.graph)):
+            for median, ratios in shapes:
+                if not median > 0 or not ratios or min(ratios) <= 0:
+                    raise ValueError(f"{name} shape: median and ratios must be > 0")
+            if shapes:
+                pools[name] = _Pools.of([(m, np.asarray(r, dtype=np.float64)) for m, r in shapes])
+        if "eager" not in pools:  # only graph decodes were timed more than once
+            pools["eager"] = pools["graph"]
+        pools.setdefault("graph", pools["eager"])
+        object.__setattr__(self, "_pools", pools)
+
+    @classmethod
+    def of_repetitions(
+        cls, shapes: Iterable[tuple[float, float, tuple[float, ...]]], graphs: bool, seed: int = 0
+    ) -> StepJitter | None:
+        """The jitter of profiled shapes, each ``(num_tokens, num_seqs, times_s)``.
+
+        Shapes timed once carry no spread and are skipped. ``graphs``: whether the
+        executor replayed decodes from CUDA graphs (else one class for all steps).
+        Returns None with fewer than :data:`MIN_REPETITIONS` ratios.
+        """
+        eager: list[tuple[float, tuple[float, ...]]] = []
+        graph: list[tuple[float, tuple[float, ...]]] = []
+        for num_tokens, num_seqs, times_s in shapes:
+            if len(times_s) < 2:
+                continue
+            times = np.asarray(times_s, dtype=np.float64)
+            median = float(np.median(times))
+            if median <= 0:
+                continue
+            pool = eager if (not graphs or runs_eagerly(num_tokens, num_seqs)) else graph
+            pool.append((median, tuple((times / median).tolist())))
+        if sum(len(r) for _, r in eager + graph) < MIN_REPETITIONS:
+            return None
+        return cls(tuple(eager), tuple(graph), seed)
+
+    def factors(
+        self, first_step: int, eager: np.ndarray, times_s: np.ndarray, stream: int = 0
+    ) -> np.ndarray:
+        """Factors of steps ``first_step .. first_step + n - 1`` of one run.
+
+        Args:
+            first_step: index of the first step in its run (0-based).
+            eager: per step, whether it runs eagerly (bool ``[n]``).
+            times_s: per step, its fitted (median) time (s, ``[n]``).
+            stream: which run of a simulation (a cluster's replica index).
+
+        Returns:
+            float64 ``[n]``: each step's ratio.
+        """
+        n = len(eager)
+        if n == 0:
+            return np.zeros(0)
+        first_chunk, last_chunk = first_step // CHUNK_STEPS, (first_step + n - 1) // CHUNK_STEPS
+        u = np.concatenate(
+            [_uniforms(self.seed, stream, c) for c in range(first_chunk, last_chunk + 1)]
+        )
+        offset = first_step - first_chunk * CHUNK_STEPS
+        u = u[offset : offset + n]
+        times = np.asarray(times_s, dtype=np.float64)
+        pools = self._pools  # type: ignore[attr-defined]
+        return np.where(
+            np.asarray(eager, dtype=bool),
+            pools["eager"].pick(times, u),
+            pools["graph"].pick(times, u),
+        )
+
+    def factor(self, step: int, eager: bool, time_s: float, stream: int = 0) -> float:
+        """The factor of one step (:meth:`factors` of one)."""
+        return float(self.factors(step, np.array([eager]), np.array([time_s]), stream)[0])
+
+    def summary(self) -> str:
+        """``step jitter of N repetitions (eager: mean x1.09, p99 x2.6; graph: ...)``."""
+        parts, count = [], 0
+        for name, shapes in (("eager", self.eager), ("graph", self.graph)):
+            if shapes:
+                a = np.concatenate([np.asarray(r) for _, r in shapes])
+                count += len(a)
+                parts.append(f"{name} mean x{a.mean():.2f}, p99 x{np.quantile(a, 0.99):.2f}")
+        return f"step jitter of {count} repetitions ({'; '.join(parts)})"
+
+    def to_json(self) -> dict[str, Any]:
+        """The profiled shapes' medians and ratios, and the seed, as JSON."""
+        return {
+            "eager": [[m, list(r)] for m, r in self.eager],
+            "graph": [[m, list(r)] for m, r in self.graph],
+            "seed": self.seed,
+        }

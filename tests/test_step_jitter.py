@@ -1,0 +1,150 @@
+"""Step jitter (calibration/jitter.py): factors drawn by step index from the
+profiled repetitions nearest a step's size, the same whether a decode run is
+priced at once or step by step, and what ``rose-sim --step-jitter`` turns on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roseinfer.calibration import ProfileSample
+from roseinfer.calibration.jitter import CHUNK_STEPS, MIN_REPETITIONS, StepJitter
+from roseinfer.config import SchedulerConfig
+from roseinfer.simulator import BatchShape, simulate
+from roseinfer.workloads import synthetic
+from tests.test_profiled import linear_price, make_profile, samples_from
+
+# (num_tokens, num_seqs, times_s): small launch-bound eager steps that spike 3x,
+# large eager steps that never do, and graph-replayed decodes within 2%.
+SMALL = [(64.0, 1.0, (0.010, 0.010, 0.030, 0.010)) for _ in range(20)]
+LARGE = [(4096.0, 1.0, (0.100, 0.100, 0.100, 0.100)) for _ in range(20)]
+DECODES = [(32.0, 32.0, (0.008, 0.00816, 0.00784)) for _ in range(20)]
+
+
+def test_shapes_timed_once_carry_no_jitter() -> None:
+    once = [(64.0, 1.0, (0.01,))] * 100
+    assert StepJitter.of_repetitions(once, graphs=False) is None
+    few = [(64.0, 1.0, (0.01, 0.02))] * (MIN_REPETITIONS // 2 - 1)
+    assert StepJitter.of_repetitions(few, graphs=False) is None
+
+
+def test_eager_steps_and_graph_decodes_draw_from_their_own_pools() -> None:
+    jitter = StepJitter.of_repetitions(SMALL + DECODES, graphs=True)
+    assert jitter is not None
+    n = 4000
+    eager = jitter.factors(0, np.ones(n, bool), np.full(n, 0.01))
+    graph = jitter.factors(0, np.zeros(n, bool), np.full(n, 0.01))
+    assert set(np.unique(eager)) == {1.0, 3.0}
+    assert graph.min() > 0.97 and graph.max() < 1.03
+    # the 3x repetition is one in four of the small shapes: drawn about that often
+    assert 0.2 < float(np.mean(eager == 3.0)) < 0.3
+    # without CUDA graphs one pool prices every step
+    flat = StepJitter.of_repetitions(SMALL + DECODES, graphs=False)
+    assert flat is not None and not flat.graph and len(flat.eager) == 40
+
+
+def test_a_step_draws_from_the_shapes_of_its_own_size() -> None:
+    """A host hiccup stretches a launch-bound step, not a GPU-bound one."""
+    jitter = StepJitter.of_repetitions(SMALL + LARGE, graphs=False)
+    assert jitter is not None
+    n = 2000
+    small = jitter.factors(0, np.ones(n, bool), np.full(n, 0.012))
+    large = jitter.factors(0, np.ones(n, bool), np.full(n, 0.09))
+    assert small.max() == 3.0
+    assert np.all(large == 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=st.integers(0, 3 * CHUNK_STEPS),
+    n=st.integers(1, 2 * CHUNK_STEPS),
+    seed=st.integers(0, 3),
+    stream=st.integers(0, 3),
+)
+def test_factors_depend_only_on_the_step_index(first: int, n: int, seed: int, stream: int) -> None:
+    """A run priced at once gets, step for step, the factors of one-by-one pricing
+    (across chunk boundaries), and every factor is a measured ratio."""
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, graphs=True)
+    assert base is not None
+    jitter = StepJitter(base.eager, base.graph, seed)
+    rng = np.random.default_rng(first + n)
+    eager = rng.random(n) < 0.5
+    times = rng.choice([0.008, 0.011, 0.1], n)
+    whole = jitter.factors(first, eager, times, stream)
+    steps = [first, first + n // 2, first + n - 1]
+    for j in steps:
+        i = j - first
+        assert whole[i] == jitter.factor(j, bool(eager[i]), float(times[i]), stream)
+    measured = {r for _, ratios in base.eager + base.graph for r in ratios}
+    assert set(np.unique(whole)) <= measured
+
+
+def test_seed_and_stream_change_the_draws() -> None:
+    base = StepJitter.of_repetitions(SMALL + DECODES, graphs=True)
+    assert base is not None
+    n = 500
+    eager, times = np.ones(n, bool), np.full(n, 0.01)
+    a = base.factors(0, eager, times)
+    assert not np.array_equal(a, base.factors(0, eager, times, stream=1))
+    assert not np.array_equal(a, StepJitter(base.eager, base.graph, 1).factors(0, eager, times))
+    assert np.array_equal(a, base.factors(0, eager, times))
+
+
+def test_bad_ratios_are_refused() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        StepJitter(((0.01, (1.0, -1.0)),), ())
+    with pytest.raises(ValueError, match="needs profiled repetitions"):
+        StepJitter((), ())
+
+
+def spiky_samples() -> list[ProfileSample]:
+    """Linear-priced samples whose every fourth repetition takes twice as long."""
+    out = []
+    for s in samples_from(linear_price):
+        t = s.times_s[0]
+        out.append(ProfileSample(s.kind, s.shape, (t, t, 2 * t, t)))
+    return out
+
+
+def test_a_profile_prices_its_measured_spread_and_jumps_stay_exact() -> None:
+    profile = make_profile(spiky_samples())
+    cost = profile.cost_model()
+    assert cost.jitter is not None and "step jitter of" in cost.source
+    median = cost.without_jitter()
+    assert median.jitter is None and "step jitter" not in median.source
+    shape = BatchShape([128], [128], [])
+    assert cost.step_time_s(shape) == median.step_time_s(shape)  # medians; the simulator jitters
+    config = SchedulerConfig(num_kv_blocks=910, max_model_len=1024, max_num_seqs=8)
+    reqs = synthetic(num_requests=40, prompt_tokens=64, output_tokens=60, submit_interval_s=0.03)
+    fast, slow = simulate(reqs, config, cost), simulate(reqs, config, cost, jump=False)
+    assert fast.num_steps == slow.num_steps
+    for col in ("admitted_s", "first_token_s", "finish_s"):
+        assert np.array_equal(fast.records[col], slow.records[col])
+    plain = simulate(reqs, config, median)
+    # a quarter of the steps take twice their median: the run takes longer
+    assert fast.duration_s > 1.1 * plain.duration_s
+    assert simulate(reqs, config, cost).duration_s == fast.duration_s  # seeded
+
+
+def test_rose_sim_step_jitter_flag(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    make_profile(spiky_samples()).save(path)
+    durations, sources = {}, {}
+    for mode in ("profile", "off"):
+        out = tmp_path / f"{mode}.json"
+        cmd = [sys.executable, "-m", "roseinfer.cli.sim", "--cost-model", str(path),
+               "--workload", "synthetic", "--num-requests", "30", "--prompt-tokens", "64",
+               "--output-tokens", "30", "--step-jitter", mode, "--quiet", "--no-summary",
+               "--save-result", str(out)]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        doc = json.loads(out.read_text())
+        durations[mode], sources[mode] = doc["duration"], doc["cost_model_source"]
+    assert durations["profile"] > durations["off"]
+    assert "step jitter of" in sources["profile"] and "step jitter" not in sources["off"]
