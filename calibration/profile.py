@@ -74,6 +74,7 @@ from roseinfer.calibration.roofline_fit import (
 )
 from roseinfer.calibration.specs import DeviceSpec, ModelSpec
 from roseinfer.calibration.step_model import (
+    SERVED_KIND_PREFIX,
     STEP_LOG_MODEL,
     HeldOutError,
     InterpolatedStepModel,
@@ -367,6 +368,9 @@ class Profile:
                 {k: HeldOutError(**v) for k, v in fit["held_out"].items()},
                 int(fit["split_seed"]),
                 float(fit["train_fraction"]),
+                held_out_groups={
+                    k: HeldOutError(**v) for k, v in (fit.get("held_out_groups") or {}).items()
+                },
             )
             spec = doc["model"]["spec"]
             roof = doc["calibrated_roofline"]
@@ -478,9 +482,15 @@ def load_profile(path: str | Path) -> Profile:
 
 def step_samples(log: StepLogFile | Sequence[StepRecord]) -> list[ProfileSample]:
     """One sample per logged step: its shape and measured duration (host work
-    included, so ``host_s`` is 0). Steps of zero duration are skipped."""
+    included, so ``host_s`` is 0), of kind ``served-`` + the step's kind (a served
+    run's step, as a profile's served run logs them). Steps of zero duration are
+    skipped."""
     records = log.records if isinstance(log, StepLogFile) else log
-    return [ProfileSample(r.kind, r.shape, (r.duration_s,)) for r in records if r.duration_s > 0]
+    return [
+        ProfileSample(SERVED_KIND_PREFIX + r.kind, r.shape, (r.duration_s,))
+        for r in records
+        if r.duration_s > 0
+    ]
 
 
 def cost_model_from_steps(

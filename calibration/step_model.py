@@ -66,6 +66,9 @@ ends with its longest context (see
 :class:`~roseinfer.calibration.cost_model.RooflineCostModel`)."""
 
 TRAIN_FRACTION = 0.8  # share of samples fitted on; the rest measure held-out error
+SERVED_KIND_PREFIX = "served-"
+"""Kind prefix of the samples a profile's served run logged (``served-decode``, ...):
+one time each, host work included (``roseinfer.executor.profiler.served_samples``)."""
 TOKEN_KNOT_FRACTIONS = (0.01, 0.03, 0.1, 0.3)  # hinge knots as fractions of the largest step
 
 
@@ -103,7 +106,8 @@ class ProfileSample:
     """One profiled step shape and its timings.
 
     Attributes:
-        kind: ``prefill``, ``decode`` or ``mixed`` (what the grid meant to cover).
+        kind: ``prefill``, ``decode`` or ``mixed`` (what the grid meant to cover);
+            ``served-`` and the step's kind for a step a served run logged.
         shape: the step's batch shape.
         times_s: seconds of each timed repetition (device part: inputs, forward,
             sampling, synchronize).
@@ -457,6 +461,9 @@ class StepFit:
         held_out: per candidate, its error on the held-out split.
         seed: seed of the random split; train_fraction: share fitted on.
         used: the candidate kept whatever the scores (``fit_step_model``'s ``use``).
+        held_out_groups: the chosen candidate's held-out error on the grid's shapes
+            and on a served run's steps apart (``grid``, ``served``), when the
+            samples have both (:data:`SERVED_KIND_PREFIX`); else empty.
     """
 
     model: StepModel
@@ -464,6 +471,7 @@ class StepFit:
     seed: int
     train_fraction: float = TRAIN_FRACTION
     used: str | None = None
+    held_out_groups: dict[str, HeldOutError] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``fit`` section of PROFILE.json."""
@@ -477,6 +485,15 @@ class StepFit:
             if self.used
             else "lowest median + p90 held-out relative error; a simpler "
             f"candidate wins unless beaten by {SIMPLER_WINS_WITHIN:.0%}",
+            **(
+                {
+                    "held_out_groups": {
+                        k: dataclasses.asdict(v) for k, v in self.held_out_groups.items()
+                    }
+                }
+                if self.held_out_groups
+                else {}
+            ),
         }
 
 
@@ -535,12 +552,18 @@ def fit_step_model(
     candidates = _candidates(float(agg[:, 2].max()), decode_spread_seqs)
     if use is not None and use not in candidates:
         raise ValueError(f"use must be one of {', '.join(candidates)}, got {use!r}")
-    held_out = {}
+    held_out, predicted = {}, {}
     for name, fit in candidates.items():
         model = fit(agg[train], targets[train])
-        held_out[name] = HeldOutError.of(model.predict(agg[test]), targets[test])
+        predicted[name] = model.predict(agg[test])
+        held_out[name] = HeldOutError.of(predicted[name], targets[test])
     best = use or _select(held_out)
-    return StepFit(candidates[best](agg, targets), held_out, seed, used=use)
+    served = np.array([s.kind.startswith(SERVED_KIND_PREFIX) for s in samples])[test]
+    groups = {}
+    if served.any() and not served.all():
+        for group, mask in (("grid", ~served), ("served", served)):
+            groups[group] = HeldOutError.of(predicted[best][mask], targets[test][mask])
+    return StepFit(candidates[best](agg, targets), held_out, seed, used=use, held_out_groups=groups)
 
 
 def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) -> float:

@@ -139,6 +139,11 @@ def summary_lines(profile: Profile, path: Path) -> str:
     for name, err in fit.held_out.items():
         mark = " <- chosen" if name == fit.model.name else ""
         lines.append(f"  {name:8s} {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}{mark}")
+    for group, err in fit.held_out_groups.items():
+        lines.append(
+            f"    {group:6s} {err.median:6.1%} / {err.p90:6.1%} / {err.max:6.1%}  "
+            f"(the chosen fit on {err.num_samples} held-out {group} steps)"
+        )
     if roof is None:  # a profile always has a model shape; a pooled calibration may not
         return "\n".join(lines)
     dev, err = roof.device, roof.held_out

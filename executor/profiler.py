@@ -36,6 +36,7 @@ import torch
 
 from roseinfer.calibration import OverheadSample, Profile, ProfileSample
 from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.profile import step_samples
 from roseinfer.calibration.profile_grid import (
     GridLimits,
     cuda_graph_batch_sizes,
@@ -60,8 +61,6 @@ from roseinfer.request import Request, SamplingParams
 from roseinfer.scheduler import Scheduler, SchedulerOutput, StepTotals
 
 DEFAULT_REPETITIONS = 3  # timed runs per shape (the median is kept)
-SERVED_KIND_PREFIX = "served-"
-"""Kind prefix of the samples a profile's served run logged (``served-decode``, ...)."""
 SERVED_SIGMA = 1.0
 """Log-normal sigma of the served run's prompt and output lengths (a factor of
 e ~ 2.7 each way within one sigma: prompts from tens of tokens to the limit)."""
@@ -514,11 +513,7 @@ def served_samples(
     recorder = StepRecorder(keep=True)
     engine = Engine(runner, served, load_registry(), seed=seed, on_step=recorder)
     engine.run(served_workload(num_requests, config.max_model_len, runner.vocab_size, seed))
-    return [
-        ProfileSample(SERVED_KIND_PREFIX + r.kind, r.shape, (r.duration_s,))
-        for r in recorder.records or ()
-        if r.duration_s > 0
-    ]
+    return step_samples(recorder.records or [])
 
 
 def _graph_batch_sizes(runner: ModelRunner, config: SchedulerConfig) -> tuple[int, ...]:

@@ -249,4 +249,9 @@ def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path):
     assert {s["kind"] for s in served} <= {"served-prefill", "served-decode", "served-mixed"}
     assert all(len(s["times_s"]) == 1 and s["host_s"] == 0 for s in served)
     assert f"and {len(served)} steps of 12 served requests" in out
-    assert load_profile(path).step_fit.held_out  # fitted with the grid
+    fit = load_profile(path).step_fit  # fitted with the grid; held out apart
+    assert set(fit.held_out_groups) == {"grid", "served"}
+    assert sum(e.num_samples for e in fit.held_out_groups.values()) == (
+        fit.held_out[fit.model.name].num_samples
+    )
+    assert "held-out served steps)" in out and "held-out grid steps)" in out
