@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetitions", type=POSITIVE, help="timed runs per shape; the median "
                    "is kept (default: the profiler's, 3)")  # fmt: skip
     g.add_argument("--served-requests", type=int_in(0), metavar="N",
-                   help="after the grid, serve N requests (all at t=0, log-normal lengths "
-                   "spanning --max-model-len, fifo at --max-num-batched-tokens) and fit their "
+                   help="after the grid, serve N requests (all at t=0, log-normal lengths with "
+                   "medians of a quarter and a 32nd of --max-model-len, at most 1024 and 128; "
+                   "fifo at --max-num-batched-tokens) and fit their "
                    "logged steps with the grid's: the shapes and timing of a real run "
                    "(default: 2 x --max-num-seqs on CUDA, 0 on CPU, where a run's "
                    "--save-steps log calibrates as well)")  # fmt: skip

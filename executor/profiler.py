@@ -453,11 +453,18 @@ def run_profile(
     )  # fmt: skip
 
 
+SERVED_MEDIANS_CAP = (1024, 128)
+"""Largest median prompt and output tokens of the served run: with a long context
+(128k) a quarter of it would make a run of hours."""
+
+
 def _served_medians(max_model_len: int) -> tuple[int, int]:
     """Median prompt and output tokens of the served run: a quarter and a 32nd of
-    ``max_model_len`` (1,024 and 128 at 4,096), so its log-normal lengths span the
-    limit; chosen to cover the shapes, not fitted to any trace."""
-    return max(1, max_model_len // 4), max(1, max_model_len // 32)
+    ``max_model_len``, at most :data:`SERVED_MEDIANS_CAP` (1,024 and 128 from 4,096
+    on), so its log-normal lengths reach the limit; chosen to cover the shapes, not
+    fitted to any trace."""
+    prompt_cap, output_cap = SERVED_MEDIANS_CAP
+    return max(1, min(max_model_len // 4, prompt_cap)), max(1, min(max_model_len // 32, output_cap))
 
 
 def served_workload(

@@ -224,7 +224,8 @@ def test_sim_with_the_profile_predicts_the_real_run_loosely(
     assert load_profile(tiny_profile).cost_model().name == "profiled"
 
 
-def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("budget", ["256", "64"])  # 64 < --max-model-len: chunked prefill
+def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path, budget):
     """``--served-requests``: the engine serves log-normal requests after the grid;
     its logged steps (one time each, kind ``served-...``) are fitted with the grid's."""
     from roseinfer.executor.profiler import served_workload
@@ -239,7 +240,7 @@ def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path):
     code, out, _ = run_cli(
         monkeypatch, capsys, "profile", "--device", "cpu", "--model", "tiny-gpt2", "--output",
         str(path), "--repetitions", "1", "--max-num-seqs", "8", "--max-model-len", "128",
-        "--max-num-batched-tokens", "256", "--no-progress", "--served-requests", "12",
+        "--max-num-batched-tokens", budget, "--no-progress", "--served-requests", "12",
     )  # fmt: skip
     assert code == 0
     doc = json.loads(path.read_text())
@@ -247,6 +248,8 @@ def test_a_served_run_joins_the_profile(monkeypatch, capsys, tmp_path):
     assert len(served) == doc["served"]["num_steps"] > 12  # every request's prefill and decodes
     assert doc["served"]["num_requests"] == 12
     assert {s["kind"] for s in served} <= {"served-prefill", "served-decode", "served-mixed"}
+    new_tokens = [sum(s["prefill_new_tokens"]) + len(s["decode_context_tokens"]) for s in served]
+    assert max(new_tokens) <= int(budget)  # every step within the token budget
     assert all(len(s["times_s"]) == 1 and s["host_s"] == 0 for s in served)
     assert f"and {len(served)} steps of 12 served requests" in out
     fit = load_profile(path).step_fit  # fitted with the grid; held out apart
