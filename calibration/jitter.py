@@ -80,18 +80,26 @@ class _Pools:
             ratios[k, : len(pool)] = pool
         return cls(logs, ratios, counts)
 
-    def pick(self, times_s: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """The ratio drawn by ``u`` (in [0, 1)) from the pool nearest each time."""
+    def anchors(self, times_s: np.ndarray) -> np.ndarray:
+        """Index of the pool whose median is nearest each time (log scale)."""
         x = np.log(np.maximum(times_s, 1e-12))
+        if len(self.log_medians) == 1:
+            return np.zeros(len(x), dtype=np.int64)
         right = np.clip(np.searchsorted(self.log_medians, x), 1, len(self.log_medians) - 1)
         left = right - 1
-        if len(self.log_medians) == 1:
-            anchor = np.zeros(len(x), dtype=np.int64)
-        else:
-            nearer_left = (x - self.log_medians[left]) <= (self.log_medians[right] - x)
-            anchor = np.where(nearer_left, left, right)
-        counts = self.counts[anchor]
-        return self.ratios[anchor, (u * counts).astype(np.int64)]
+        nearer_left = (x - self.log_medians[left]) <= (self.log_medians[right] - x)
+        return np.where(nearer_left, left, right)
+
+    def pick(self, times_s: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """The ratio drawn by ``u`` (in [0, 1)) from the pool nearest each time."""
+        anchor = self.anchors(times_s)
+        return self.ratios[anchor, (u * self.counts[anchor]).astype(np.int64)]
+
+    def means(self, times_s: np.ndarray) -> np.ndarray:
+        """The mean ratio of the pool nearest each time."""
+        anchor = self.anchors(times_s)
+        width = np.arange(self.ratios.shape[1])[None, :] < self.counts[anchor][:, None]
+        return (self.ratios[anchor] * width).sum(axis=1) / self.counts[anchor]
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,15 @@ class StepJitter:
             np.asarray(eager, dtype=bool),
             pools["eager"].pick(times, u),
             pools["graph"].pick(times, u),
+        )
+
+    def mean_factors(self, eager: np.ndarray, times_s: np.ndarray) -> np.ndarray:
+        """The expected factor of steps of these classes and times: the mean ratio
+        of the pool each would draw from (float64 ``[n]``)."""
+        times = np.asarray(times_s, dtype=np.float64)
+        pools = self._pools  # type: ignore[attr-defined]
+        return np.where(
+            np.asarray(eager, dtype=bool), pools["eager"].means(times), pools["graph"].means(times)
         )
 
     def factor(self, step: int, eager: bool, time_s: float, stream: int = 0) -> float:

@@ -148,3 +148,26 @@ def test_rose_sim_step_jitter_flag(tmp_path: Path) -> None:
         durations[mode], sources[mode] = doc["duration"], doc["cost_model_source"]
     assert durations["profile"] > durations["off"]
     assert "step jitter of" in sources["profile"] and "step jitter" not in sources["off"]
+
+
+def test_served_steps_are_fitted_as_medians() -> None:
+    """A served step (one draw) is divided by the mean stretch of its class and size
+    before the fit, so the simulator's jitter does not count it twice; the grid's
+    samples (their medians) and a calibration without jitter are left alone."""
+    from roseinfer.calibration.profile import served_medians, step_jitter
+
+    grid = spiky_samples()
+    jitter = step_jitter(grid, {})
+    assert jitter is not None
+    served = [ProfileSample("served-" + s.kind, s.shape, (s.times_s[0] * 1.25,)) for s in grid]
+    fitted = served_medians(grid + served, jitter)
+    assert fitted[: len(grid)] == grid
+    # every ratio pool is (1, 1, 2, 1): a mean stretch of 1.25
+    assert all(
+        f.times_s[0] == pytest.approx(s.times_s[0] / 1.25)
+        for f, s in zip(fitted[len(grid) :], served)
+    )
+    assert served_medians(served, None) == served
+    assert make_profile(grid + served).cost_model().step_time_s(grid[5].shape) == pytest.approx(
+        make_profile(grid).cost_model().step_time_s(grid[5].shape), rel=0.02
+    )
