@@ -7,7 +7,8 @@
 # layer, decode imbalance), and prints the held-out and third-shape errors. The decode imbalance
 # is best fitted to a served run's step log (IMBALANCE=steps.jsonl[.gz], e.g. the 2026-11-26
 # budget run's): the profiles' spread decode batches are evenly spread, a workload's are skewed. The limits are rose-run's serving
-# defaults but a 4,096-token window: decodes up to 256 sequences, prefills up to 2,048 tokens.
+# defaults but a 4,096-token window: decodes up to 256 sequences, prefills up to 2,048 tokens; no
+# served run (the roofline is fitted to the grid's medians; IMBALANCE brings a served run's steps).
 # Everything lands in $OUT (or ./gpu-out): bring it back, then record the fit here with the
 # command the script prints last (it edits calibration/specs.py's MEASURED block).
 #
@@ -21,7 +22,7 @@ mkdir -p "$out"
 device=${DEVICE:-cuda}
 models=${MODELS:-"llama-3.1-8b qwen2.5-7b"}
 check=${CHECK:-llama-3.2-3b}
-limits=${LIMITS:-"--max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 2048 --repetitions 2"}
+limits=${LIMITS:-"--max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 2048 --repetitions 2 --served-requests 0"}
 start=$SECONDS
 
 python benchmarks/gpu/device_line.py | tee "$out/device.txt"
