@@ -60,11 +60,13 @@ class whose medians are nearest its own fitted time (on a log scale)."""
 @dataclass(frozen=True)
 class _Pools:
     """One class's ratio pools: ``log_medians[k]`` of anchor ``k`` (sorted), the
-    ratios of its :data:`NEIGHBOURS` nearest shapes ``ratios[k, :counts[k]]``."""
+    ratios of its :data:`NEIGHBOURS` nearest shapes ``ratios[k, :counts[k]]`` and
+    their mean ``means_[k]``."""
 
     log_medians: np.ndarray
     ratios: np.ndarray
     counts: np.ndarray
+    means_: np.ndarray
 
     @classmethod
     def of(cls, shapes: list[tuple[float, np.ndarray]]) -> _Pools:
@@ -78,7 +80,7 @@ class _Pools:
         ratios = np.ones((len(pools), int(counts.max())))
         for k, pool in enumerate(pools):
             ratios[k, : len(pool)] = pool
-        return cls(logs, ratios, counts)
+        return cls(logs, ratios, counts, np.array([p.mean() for p in pools]))
 
     def anchors(self, times_s: np.ndarray) -> np.ndarray:
         """Index of the pool whose median is nearest each time (log scale)."""
@@ -97,9 +99,7 @@ class _Pools:
 
     def means(self, times_s: np.ndarray) -> np.ndarray:
         """The mean ratio of the pool nearest each time."""
-        anchor = self.anchors(times_s)
-        width = np.arange(self.ratios.shape[1])[None, :] < self.counts[anchor][:, None]
-        return (self.ratios[anchor] * width).sum(axis=1) / self.counts[anchor]
+        return self.means_[self.anchors(times_s)]
 
 
 @dataclass(frozen=True)
@@ -113,9 +113,9 @@ class StepJitter:
     110 ms prefill: within 1.1x), so one pool for all sizes would be wrong at both.
 
     Attributes:
-        shapes: per class (``eager``, ``graph``), ``(median_s, ratios)`` of each
-            profiled shape timed at least twice; ``graph`` may be empty (no graphs:
-            the eager pools price every step).
+        eager, graph: ``(median_s, ratios)`` of each profiled shape timed at least
+            twice, per class; one may be empty (no CUDA graphs: every step draws
+            from the eager pools, and the other way round).
         seed: of the factors.
     """
 
