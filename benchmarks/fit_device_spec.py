@@ -9,7 +9,9 @@ two model shapes taken on one GPU, fits the roofline's constants (``mfu``,
 left out of the fit (``--check``), prints the errors, writes ``--output``
 (JSON), and with ``--write-specs`` records the result in
 ``calibration/specs.py`` (its ``MEASURED`` block) with the GPU, driver, torch,
-date and command, so ``rose-sim --hardware NAME`` prices with it and says so.
+date and command, and the fitted profiles' eager step ratios in
+``calibration/measured_jitter.json``, so ``rose-sim --hardware NAME`` prices with
+them and says so.
 
     python benchmarks/fit_device_spec.py --device h100-sxm \\
         --fit llama8b.json qwen7b.json --check llama3b.json --output h100-fit.json --write-specs
@@ -36,10 +38,18 @@ from roseinfer.calibration.profile import load_calibration
 from roseinfer.calibration.roofline_fit import (
     DeviceFit,
     ModelSteps,
+    eager_step_ratios,
     fit_device_constants,
     replace_measured_block,
+    replace_measured_jitter,
 )
-from roseinfer.calibration.specs import DATASHEET_DEVICES, MEASURED, DeviceSpec, ModelSpec
+from roseinfer.calibration.specs import (
+    DATASHEET_DEVICES,
+    MEASURED,
+    MEASURED_JITTER_FILE,
+    DeviceSpec,
+    ModelSpec,
+)
 
 SPECS_PY = Path(__file__).resolve().parents[1] / "calibration" / "specs.py"
 
@@ -132,6 +142,17 @@ def _kv(device: DeviceSpec) -> str:
     return f"{kv:.3f}" if kv is not None else "(as weights)"
 
 
+def write_jitter(device: str, paths: Sequence[Path], samples: Sequence[ProfileSample]) -> None:
+    """Record the fitted profiles' eager step ratios in ``MEASURED_JITTER_FILE``."""
+    ratios = eager_step_ratios(samples)
+    doc = json.loads(MEASURED_JITTER_FILE.read_text()) if MEASURED_JITTER_FILE.exists() else {}
+    source = " ".join(str(p) for p in paths)
+    doc = replace_measured_jitter(doc, device, source, ratios)
+    MEASURED_JITTER_FILE.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    count = sum(len(r) for _, r in ratios)
+    print(f"recorded in {MEASURED_JITTER_FILE}: {count} eager repetitions of {len(ratios)} shapes")
+
+
 def main() -> int:
     """Entry point: load, fit, report, record."""
     args = build_parser().parse_args()
@@ -166,6 +187,7 @@ def main() -> int:
         entries = {**MEASURED, args.device: measurement}
         SPECS_PY.write_text(replace_measured_block(SPECS_PY.read_text(), entries))
         print(f"recorded in {SPECS_PY}: {measurement.provenance.label()}")
+        write_jitter(args.device, args.fit, [s for _, samples in fitted for s in samples])
     return 0
 
 

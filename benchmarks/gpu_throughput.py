@@ -24,8 +24,10 @@ Workloads: (a) ``--num-requests`` requests of 215 prompt / 198 output tokens
 first ``--num-requests`` Azure conv 2023 requests (the embedded sample),
 clipped to ``--max-model-len``; (c) single steps, ``ModelRunner.forward`` and a
 synchronize, median of 5: decodes of 1/32/64/128/256 sequences at context 1024,
-the 256 again with one context of 4,096 (the longest context's tail), and a
-prefill of 4 x 2048 tokens, with each step's floor.
+the 256 again with one context of 4,096 (the longest context's tail), a
+200-token prompt alone and beside 64 decodes (launch-bound when run eagerly;
+``triton:full`` replays them from graphs), and a prefill of 4 x 2048 tokens, with
+each step's floor.
 
 Host time: for the decode steps of (c) the runner's host seconds per forward
 (``ModelRunner.host_times_s``: inputs and launches, no wait), and for (a) the
@@ -71,7 +73,9 @@ BLOCK_SIZE = 16
 ANCHOR_PROMPT, ANCHOR_OUTPUT = 215, 198
 DECODE_BATCHES, DECODE_CONTEXT, PREFILL_SHAPE = (1, 32, 64, 128, 256), 1024, (4, 2048)
 SKEW_FACTOR = 4  # the skewed decode step: its longest context, times the others'
-SMALL = {"prompt": 21, "output": 19, "decodes": (1, 2, 4), "context": 64, "prefill": (2, 64)}
+SMALL = {"prompt": 21, "output": 19, "decodes": (1, 2, 4), "context": 64, "prefill": (2, 64),
+         "short_prefill": 24}  # fmt: skip
+SHORT_PREFILL = 200  # tokens: a short prompt, launch-bound on an H100 when run eagerly
 REPEATS = 5
 
 
@@ -83,8 +87,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--backends",
         help="comma-separated; NAME:eager runs NAME with --enforce-eager, triton:nosplit "
-        "without fixed-length key splits (default: triton,triton:eager,sdpa on CUDA; sdpa on "
-        "CPU)",
+        "without fixed-length key splits, triton:full with --cudagraph-mode FULL (small "
+        "prefill and mixed passes replayed too) (default: triton,triton:eager,sdpa on CUDA; "
+        "sdpa on CPU)",
     )
     p.add_argument(
         "--hardware",
@@ -220,7 +225,8 @@ def make_runner(
     size = builder.size_kv_pool(pool, loaded, blocks)
     config = scheduler_config(args, size.num_blocks, max_model_len)
     name, _, mode = backend.partition(":")
-    choice = builder.RunnerChoice(name, enforce_eager=mode == "eager")
+    graphs = "FULL" if mode == "full" else "FULL_DECODE_ONLY"
+    choice = builder.RunnerChoice(name, enforce_eager=mode == "eager", cudagraph_mode=graphs)
     built = builder.build_runner(loaded, config, size, choice)
     runner = built.runner
     if mode == "nosplit":  # the warm-up never keeps fixed-length splits (an A/B of them)
@@ -240,11 +246,13 @@ def make_runner(
 
 
 def system_name(runner: ModelRunner) -> str:
-    """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph and
-    ``-nosplit`` when fixed-length key splits were ruled out."""
+    """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph,
+    ``-nosplit`` when fixed-length key splits were ruled out and ``-full`` when
+    prefill and mixed passes replay graphs too."""
     eager = "-eager" if runner.enforce_eager and runner.device.type == "cuda" else ""
     nosplit = "" if getattr(runner.backend, "fixed_length_splits", True) else "-nosplit"
-    return f"roseinfer-{runner.attention_backend}{eager}{nosplit}"
+    full = "-full" if runner.mixed_graph_max_tokens else ""
+    return f"roseinfer-{runner.attention_backend}{eager}{nosplit}{full}"
 
 
 def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: int):
@@ -299,11 +307,18 @@ def step_shapes(args) -> list[tuple[str, list[tuple[int, int]]]]:
     decodes, context = (SMALL["decodes"], SMALL["context"]) if args.small else (
         DECODE_BATCHES, DECODE_CONTEXT)  # fmt: skip
     count, length = SMALL["prefill"] if args.small else PREFILL_SHAPE
+    short = SMALL["short_prefill"] if args.small else SHORT_PREFILL
     shapes = [(f"decode {n} x ctx {context}", [(1, context)] * n) for n in decodes]
     # the largest batch again with one context 4x the others': the longest context's tail
     n, long = max(decodes), SKEW_FACTOR * context
     shapes.append(
         (f"decode {n} x ctx {context}, one {long}", [(1, long)] + [(1, context)] * (n - 1))
+    )
+    # a short prompt alone and beside decodes: launch-bound unless replayed (--cudagraph-mode FULL)
+    d = decodes[len(decodes) // 2]
+    shapes.append((f"prefill 1 x {short}", [(short, short)]))
+    shapes.append(
+        (f"mixed {d} x ctx {context} + 1 x {short}", [(1, context)] * d + [(short, short)])
     )
     return [*shapes, (f"prefill {count} x {length}", [(length, length)] * count)]
 

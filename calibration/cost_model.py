@@ -14,20 +14,23 @@ No torch here: the simulator runs without it.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from roseinfer.calibration.jitter import StepJitter
 from roseinfer.calibration.specs import (
-    MAX_GRAPH_BATCH_SIZE,
     DeviceSpec,
     LinkSpec,
     ModelSpec,
     get_device_spec,
     get_link_spec,
     get_model_spec,
+    runs_eagerly,
 )
 from roseinfer.scheduler import StepTotals
 
@@ -295,6 +298,16 @@ class RooflineCostModel:
         transfers, not speed (engines that keep several batches in flight fill
         the bubble; this model does not).
 
+    Step jitter (opt-in, a measured device only): the times above are medians.
+    Eager steps of a real executor scatter around theirs (host hiccups stretch a
+    launch-bound step: on the H100, 3-12% of them over 1.25x). With
+    :meth:`with_step_jitter`, :attr:`jitter` holds the device's measured eager
+    repetitions (:attr:`~roseinfer.calibration.specs.DeviceSpec.eager_step_ratios`)
+    and the simulator multiplies each eager step by a factor drawn from them by
+    step index (:class:`~roseinfer.calibration.jitter.StepJitter`). Graph
+    decodes stay at these times: their measured spread (p99 x1.1-1.5) is within
+    the fit's own error. :meth:`step_time_s` itself is always the median.
+
     Args:
         model: the model's shape; its ``dtype_bytes`` sets weight and KV bytes.
         device: peaks, efficiency factors and per-iteration overhead.
@@ -361,6 +374,15 @@ class RooflineCostModel:
             device.decode_split_programs, model.num_kv_heads // tensor_parallel
         )
         self._comm_s, self._comm_s_per_token = self._communication()
+        self.jitter: StepJitter | None = None
+
+    def with_step_jitter(self) -> RooflineCostModel:
+        """This roofline with its device's measured eager step jitter
+        (``rose-sim --step-jitter measured``; see the class doc); unchanged for a
+        device without measured repetitions."""
+        out = copy.copy(self)
+        out.jitter = eager_jitter(self.device.eager_step_ratios)
+        return out
 
     def _communication(self) -> tuple[float, float]:
         """(seconds per step, seconds per computed token) of the collectives."""
@@ -468,8 +490,9 @@ class RooflineCostModel:
     @property
     def source(self) -> str:
         """``roofline h100-sxm, datasheet (unmeasured)``: the device spec and what its
-        efficiency constants stand on."""
-        return f"roofline {self.device.name}, {self.device.provenance_label}"
+        efficiency constants stand on, then its step jitter's summary when it has one."""
+        jitter = "" if self.jitter is None else f"; eager {self.jitter.summary()}"
+        return f"roofline {self.device.name}, {self.device.provenance_label}{jitter}"
 
     def describe(self) -> str:
         """One line: model, dtype, device, parallelism, achievable peaks, overhead."""
@@ -571,13 +594,15 @@ def split_spread_seqs(decode_split_programs: float, kv_heads_per_device: int) ->
     return max(1.0, decode_split_programs / max(1, kv_heads_per_device))
 
 
-def runs_eagerly(num_tokens: Any, num_seqs: Any) -> Any:
-    """Whether an executor launches a step's kernels from the host rather than
-    replaying a CUDA graph: any prefill token (more tokens than sequences), or more
-    decodes than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`. Takes
-    numbers (returns a bool) or float arrays (returns a bool array, per step). The
-    compiled core's ``_Roofline.step_s`` inlines the same rule."""
-    return (num_tokens > num_seqs) | (num_seqs > MAX_GRAPH_BATCH_SIZE)
+@functools.lru_cache(maxsize=8)
+def eager_jitter(ratios: tuple[tuple[float, tuple[float, ...]], ...]) -> StepJitter | None:
+    """The step jitter of a device's measured eager step ratios
+    (:attr:`~roseinfer.calibration.specs.DeviceSpec.eager_step_ratios`): eager
+    steps draw from them, graph decodes keep their roofline time; None without
+    ratios. Cached: one spec's pools are built once per process."""
+    if not ratios:
+        return None
+    return StepJitter(ratios, (), eager_only=True)
 
 
 def make_cost_model(

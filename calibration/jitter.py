@@ -30,6 +30,7 @@ Needs numpy only.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import runs_eagerly
+from roseinfer.calibration.specs import runs_eagerly
 
 MIN_REPETITIONS = 20
 """Fewest measured ratios (repetitions of shapes timed at least twice) a jitter is
@@ -59,14 +60,19 @@ class whose medians are nearest its own fitted time (on a log scale)."""
 
 @dataclass(frozen=True)
 class _Pools:
-    """One class's ratio pools: ``log_medians[k]`` of anchor ``k`` (sorted), the
-    ratios of its :data:`NEIGHBOURS` nearest shapes ``ratios[k, :counts[k]]`` and
-    their mean ``means_[k]``."""
+    """One class's ratio pools: the medians of anchors ``k`` (sorted), the ratios
+    of their :data:`NEIGHBOURS` nearest shapes ``ratios[k, :counts[k]]`` and their
+    mean ``means_[k]``. A time belongs to the anchor whose median is nearest on a
+    log scale: below ``thresholds[k]`` (the geometric mean of medians ``k`` and
+    ``k + 1``; a tie goes to ``k``), so the array and the one-step lookups compare
+    the same floats and agree bit for bit."""
 
-    log_medians: np.ndarray
+    thresholds: np.ndarray
     ratios: np.ndarray
     counts: np.ndarray
     means_: np.ndarray
+    thresholds_list: list[float]
+    ratios_lists: list[list[float]]
 
     @classmethod
     def of(cls, shapes: list[tuple[float, np.ndarray]]) -> _Pools:
@@ -80,22 +86,23 @@ class _Pools:
         ratios = np.ones((len(pools), int(counts.max())))
         for k, pool in enumerate(pools):
             ratios[k, : len(pool)] = pool
-        return cls(logs, ratios, counts, np.array([p.mean() for p in pools]))
+        thresholds = np.exp((logs[:-1] + logs[1:]) / 2)
+        return cls(thresholds, ratios, counts, np.array([p.mean() for p in pools]),
+                   thresholds.tolist(), [p.tolist() for p in pools])  # fmt: skip
 
     def anchors(self, times_s: np.ndarray) -> np.ndarray:
         """Index of the pool whose median is nearest each time (log scale)."""
-        x = np.log(np.maximum(times_s, 1e-12))
-        if len(self.log_medians) == 1:
-            return np.zeros(len(x), dtype=np.int64)
-        right = np.clip(np.searchsorted(self.log_medians, x), 1, len(self.log_medians) - 1)
-        left = right - 1
-        nearer_left = (x - self.log_medians[left]) <= (self.log_medians[right] - x)
-        return np.where(nearer_left, left, right)
+        return np.searchsorted(self.thresholds, times_s, side="left")
 
     def pick(self, times_s: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The ratio drawn by ``u`` (in [0, 1)) from the pool nearest each time."""
         anchor = self.anchors(times_s)
         return self.ratios[anchor, (u * self.counts[anchor]).astype(np.int64)]
+
+    def pick_one(self, time_s: float, u: float) -> float:
+        """:meth:`pick` of one step, without numpy (a few hundred ns)."""
+        pool = self.ratios_lists[bisect.bisect_left(self.thresholds_list, time_s)]
+        return pool[int(u * len(pool))]
 
     def means(self, times_s: np.ndarray) -> np.ndarray:
         """The mean ratio of the pool nearest each time."""
@@ -117,15 +124,21 @@ class StepJitter:
             twice, per class; one may be empty (no CUDA graphs: every step draws
             from the eager pools, and the other way round).
         seed: of the factors.
+        eager_only: graph-replayed decodes keep their median (factor 1.0; ``graph``
+            must be empty): a measured roofline carries only the eager spread
+            (see :data:`~roseinfer.calibration.specs.MEASURED`).
     """
 
     eager: tuple[tuple[float, tuple[float, ...]], ...]
     graph: tuple[tuple[float, tuple[float, ...]], ...]
     seed: int = 0
+    eager_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.eager and not self.graph:
             raise ValueError("a step jitter needs profiled repetitions")
+        if self.eager_only and (self.graph or not self.eager):
+            raise ValueError("an eager-only step jitter has eager shapes and no graph ones")
         pools = {}
         for name, shapes in (("eager", self.eager), ("graph", self.graph)):
             for median, ratios in shapes:
@@ -188,24 +201,25 @@ class StepJitter:
         u = u[offset : offset + n]
         times = np.asarray(times_s, dtype=np.float64)
         pools = self._pools  # type: ignore[attr-defined]
-        return np.where(
-            np.asarray(eager, dtype=bool),
-            pools["eager"].pick(times, u),
-            pools["graph"].pick(times, u),
-        )
+        graph = 1.0 if self.eager_only else pools["graph"].pick(times, u)
+        return np.where(np.asarray(eager, dtype=bool), pools["eager"].pick(times, u), graph)
 
     def mean_factors(self, eager: np.ndarray, times_s: np.ndarray) -> np.ndarray:
         """The expected factor of steps of these classes and times: the mean ratio
         of the pool each would draw from (float64 ``[n]``)."""
         times = np.asarray(times_s, dtype=np.float64)
         pools = self._pools  # type: ignore[attr-defined]
-        return np.where(
-            np.asarray(eager, dtype=bool), pools["eager"].means(times), pools["graph"].means(times)
-        )
+        graph = 1.0 if self.eager_only else pools["graph"].means(times)
+        return np.where(np.asarray(eager, dtype=bool), pools["eager"].means(times), graph)
 
     def factor(self, step: int, eager: bool, time_s: float, stream: int = 0) -> float:
-        """The factor of one step (:meth:`factors` of one)."""
-        return float(self.factors(step, np.array([eager]), np.array([time_s]), stream)[0])
+        """The factor of one step: :meth:`factors` of one, bit for bit, without
+        building arrays (the simulator calls it once per executed step)."""
+        if self.eager_only and not eager:
+            return 1.0
+        u = float(_uniforms(self.seed, stream, step // CHUNK_STEPS)[step % CHUNK_STEPS])
+        pools = self._pools  # type: ignore[attr-defined]
+        return pools["eager" if eager else "graph"].pick_one(time_s, u)
 
     def summary(self) -> str:
         """``step jitter of N repetitions (eager: mean x1.09, p99 x2.6; graph: ...)``."""
@@ -215,7 +229,8 @@ class StepJitter:
                 a = np.concatenate([np.asarray(r) for _, r in shapes])
                 count += len(a)
                 parts.append(f"{name} mean x{a.mean():.2f}, p99 x{np.quantile(a, 0.99):.2f}")
-        return f"step jitter of {count} repetitions ({'; '.join(parts)})"
+        graphs = "; graph decodes at medians" if self.eager_only else ""
+        return f"step jitter of {count} repetitions ({'; '.join(parts)}{graphs})"
 
     def to_json(self) -> dict[str, Any]:
         """The profiled shapes' medians and ratios, and the seed, as JSON."""
@@ -223,4 +238,5 @@ class StepJitter:
             "eager": [[m, list(r)] for m, r in self.eager],
             "graph": [[m, list(r)] for m, r in self.graph],
             "seed": self.seed,
+            "eager_only": self.eager_only,
         }

@@ -543,6 +543,23 @@ def cost_model_from_steps(
     return ProfiledCostModel(fit.model, label, held_out, sample_range=SampleRange.of(samples))
 
 
+def check_priceable(executor: Mapping[str, Any], path: str | Path) -> None:
+    """Refuse a calibration whose executor replayed prefill passes from CUDA graphs
+    (``--cudagraph-mode FULL``): the step model's eager term and the step jitter's
+    classes take every prefill step as launched from the host, so such a file
+    would be priced wrong, not just less well.
+
+    Raises:
+        ProfileError: naming the file and the fix.
+    """
+    if executor.get("cudagraph_mode", "FULL_DECODE_ONLY") != "FULL_DECODE_ONLY":
+        raise ProfileError(
+            f"{path} was measured with --cudagraph-mode {executor['cudagraph_mode']}, which "
+            "the step model does not price yet (it takes prefill steps as eager); measure "
+            "with the default FULL_DECODE_ONLY"
+        )
+
+
 def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
     """One calibration from ``rose-run profile`` files and step logs (``--save-steps``).
 
@@ -553,7 +570,8 @@ def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
     model length, model shape) is the first profile's, else the first log's.
 
     Raises:
-        ProfileError: if a file cannot be read, or fewer than 10 samples remain.
+        ProfileError: if a file cannot be read, was measured with CUDA graphs for
+            prefill passes (:func:`check_priceable`), or fewer than 10 samples remain.
     """
     if not paths:
         raise ProfileError("no calibration file given")
@@ -565,8 +583,10 @@ def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
                 logs.append(load_step_log(path))
             except StepLogError as err:
                 raise ProfileError(str(err)) from None
+            check_priceable(logs[-1].header.get("executor") or {}, path)
         else:
             profiles.append(load_profile(path))
+            check_priceable(profiles[-1].executor, path)
     if len(paths) == 1 and profiles:
         return profiles[0]
     base = profiles[0] if profiles else None

@@ -730,6 +730,38 @@ def _literal(value: Any) -> str:
     return repr(value)
 
 
+def eager_step_ratios(
+    samples: Sequence[ProfileSample],
+) -> tuple[tuple[float, tuple[float, ...]], ...]:
+    """``(median_s, ratios)`` of the eager step shapes among ``samples`` timed at
+    least twice (prefills, mixed steps, decodes past the CUDA-graph sizes), each
+    ratio a repetition over its shape's median, rounded to 5 decimals (medians
+    to 0.1 us): what :data:`~roseinfer.calibration.specs.MEASURED_JITTER_FILE`
+    keeps of a device's fitted profiles. ``()`` with too few repetitions."""
+    from roseinfer.calibration.jitter import StepJitter
+
+    shapes = []
+    for s in samples:
+        t = s.shape.totals()
+        shapes.append((float(t.num_tokens), float(t.num_seqs), s.times_s))
+    jitter = StepJitter.of_repetitions(shapes, graphs=True)
+    if jitter is None:
+        return ()
+    return tuple((round(m, 7), tuple(round(r, 5) for r in ratios)) for m, ratios in jitter.eager)
+
+
+def replace_measured_jitter(
+    doc: Mapping[str, Any], device: str, source: str,
+    ratios: tuple[tuple[float, tuple[float, ...]], ...],
+) -> dict[str, Any]:  # fmt: skip
+    """:data:`~roseinfer.calibration.specs.MEASURED_JITTER_FILE`'s document
+    ``doc`` with ``device``'s entry replaced (removed when ``ratios`` is empty)."""
+    out = {k: v for k, v in doc.items() if k != device}
+    if ratios:
+        out[device] = {"source": source, "eager": [[m, list(r)] for m, r in ratios]}
+    return dict(sorted(out.items()))
+
+
 def replace_measured_block(specs_text: str, entries: Mapping[str, Measurement]) -> str:
     """``specs_text`` (the source of ``calibration/specs.py``) with the lines between
     :data:`MEASURED_BEGIN` and :data:`MEASURED_END` replaced by ``entries``.

@@ -15,8 +15,10 @@ the executor size KV (:attr:`ModelSpec.kv_bytes_per_token`) alike.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "get_link_spec",
     "get_model_spec",
     "model_spec_from_hf_config",
+    "runs_eagerly",
     "summarize_devices",
 ]
 
@@ -46,6 +49,15 @@ MAX_GRAPH_BATCH_SIZE = 512
 """Largest decode batch an executor replays from a CUDA graph: vLLM v1's largest
 default capture size (``vllm/config.py``, ``_BATCH_SIZES_TO_CAPTURE``); larger
 batches, and every step with a prefill token, run eagerly."""
+
+
+def runs_eagerly(num_tokens: Any, num_seqs: Any) -> Any:
+    """Whether an executor launches a step's kernels from the host rather than
+    replaying a CUDA graph: any prefill token (more tokens than sequences), or more
+    decodes than :data:`MAX_GRAPH_BATCH_SIZE`. Takes
+    numbers (returns a bool) or float arrays (returns a bool array, per step). The
+    compiled core's ``_Roofline.step_s`` inlines the same rule."""
+    return (num_tokens > num_seqs) | (num_seqs > MAX_GRAPH_BATCH_SIZE)
 
 
 class UnknownSpecError(KeyError, ValueError):
@@ -265,6 +277,12 @@ class DeviceSpec:
             key), which tensor- and pipeline-parallel collectives cross; "" for none.
         provenance: where the numbers come from (a datasheet, an assumption, or
             a measurement on the device); None when unstated (a user's spec).
+        eager_step_ratios: ``(median_s, ratios)`` of eager step shapes timed
+            several times on the device, each ratio ``repetition / median`` (a
+            measured device: :data:`MEASURED_JITTER_FILE`); with ``rose-sim
+            --step-jitter measured`` the roofline draws each eager step's factor
+            from them (:class:`~roseinfer.calibration.jitter.StepJitter`, graph
+            decodes at medians). ``()``: none measured.
     """
 
     name: str
@@ -282,6 +300,9 @@ class DeviceSpec:
     eager_launch_s_per_layer: float = 0.0
     decode_imbalance_s_per_token: float = 0.0
     decode_split_programs: int = 0
+    eager_step_ratios: tuple[tuple[float, tuple[float, ...]], ...] = dataclasses.field(
+        default=(), repr=False
+    )
 
     def __post_init__(self) -> None:
         _check_positive(self, ("peak_flops", "mem_bandwidth", "mem_bytes", "dtype_bytes"))
@@ -589,10 +610,34 @@ MEASURED: dict[str, Measurement] = {
 # END MEASURED
 
 
+MEASURED_JITTER_FILE = Path(__file__).with_name("measured_jitter.json")
+"""The eager steps' measured spread of the :data:`MEASURED` devices, by name:
+``{"h100-sxm": {"source": ..., "eager": [[median_s, [ratio, ...]], ...]}}``, each
+ratio one repetition of a profiled eager shape over its median. Written with the
+block above by ``benchmarks/fit_device_spec.py --write-specs`` from the fitted
+profiles (on the 2026-11-26 H100 profiles: 296 repetitions of 138 shapes, mean
+x1.03, p99 x2.13; the graph decodes' spread, p99 x1.46, is left out, so decode
+runs stay at their roofline times)."""
+
+
+def _eager_step_ratios(name: str) -> tuple[tuple[float, tuple[float, ...]], ...]:
+    """``name``'s entry of :data:`MEASURED_JITTER_FILE` (``()`` without one)."""
+    if not MEASURED_JITTER_FILE.exists():
+        return ()
+    entry = json.loads(MEASURED_JITTER_FILE.read_text()).get(name)
+    if entry is None:
+        return ()
+    return tuple((float(m), tuple(float(r) for r in ratios)) for m, ratios in entry["eager"])
+
+
 def _measured(datasheet: DeviceSpec) -> DeviceSpec:
-    """``datasheet`` with its :data:`MEASURED` constants when it has them."""
+    """``datasheet`` with its :data:`MEASURED` constants and eager step ratios
+    (:data:`MEASURED_JITTER_FILE`) when it has them."""
     found = MEASURED.get(datasheet.name)
-    return datasheet if found is None else found.apply(datasheet)
+    if found is None:
+        return datasheet
+    ratios = _eager_step_ratios(datasheet.name)
+    return dataclasses.replace(found.apply(datasheet), eager_step_ratios=ratios)
 
 
 # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 tensor 312

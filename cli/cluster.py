@@ -187,6 +187,7 @@ def replica_specs(
     defaults = ReplicaDefaults(
         args.model, args.device, args.tensor_parallel_size, args.pipeline_parallel_size,
         args.interconnect, pool, args.max_model_len,
+        args.step_jitter == "measured",
     )  # fmt: skip
     specs = configured_replicas(args.replica_config, base, defaults)
     if args.num_replicas is not None and args.num_replicas != len(specs):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from roseinfer.cli.config import config_facts, scheduler_config, scheduler_knobs
 from roseinfer.cli.flags import FLAGS, CliError, add_flag, int_in
 from roseinfer.config import SchedulerConfig
+from roseinfer.executor import CUDAGRAPH_MODES
 from roseinfer.interface import PolicyOptions
 from roseinfer.registry import Registry
 
@@ -73,6 +74,15 @@ def add_model_args(g: argparse._ArgumentGroup, *, warmup: bool = True) -> None:
         action="store_true",
         help="never capture CUDA graphs: decode steps run eagerly, as vLLM's flag (default: "
         "decode batches replay graphs captured before the clock starts)",
+    )
+    g.add_argument(
+        "--cudagraph-mode",
+        choices=CUDAGRAPH_MODES,
+        default="FULL_DECODE_ONLY",
+        help="which steps replay CUDA graphs, by vLLM's names: FULL_DECODE_ONLY (default) "
+        "decode batches; FULL also prefill and mixed passes of up to 511 new tokens (triton "
+        "attention), padded to vLLM's capture sizes, so a small prefill is not bound by "
+        "launching its kernels. Unmeasured on a GPU so far: compare both on yours",
     )
     add_flag(
         g,
@@ -168,10 +178,11 @@ def pool_choice(args: argparse.Namespace) -> KVPoolChoice:
 
 
 def runner_choice(args: argparse.Namespace) -> RunnerChoice:
-    """``--attention-backend`` and ``--enforce-eager`` as the builder's runner choice."""
+    """``--attention-backend``, ``--enforce-eager`` and ``--cudagraph-mode`` as the
+    builder's runner choice."""
     from roseinfer.executor import builder
 
-    return builder.RunnerChoice(args.attention_backend, args.enforce_eager)
+    return builder.RunnerChoice(args.attention_backend, args.enforce_eager, args.cudagraph_mode)
 
 
 def engine_config(

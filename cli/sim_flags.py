@@ -85,13 +85,15 @@ def _add_cost_model_args(g: argparse._ArgumentGroup) -> None:
     add_flag(g, "--gpu-memory-utilization")
     g.add_argument(
         "--step-jitter",
-        choices=("profile", "off"),
+        choices=("profile", "measured", "off"),
         default="profile",
-        help="with --cost-model PROFILE: 'profile' (default) multiplies each simulated step's "
-        "fitted median time by a ratio drawn from the profile's own repetitions (eager steps "
-        "and CUDA-graph decodes apart, seeded: a run is reproducible), so means and tails "
-        "include the executor's measured step-to-step spread; 'off' prices every step at its "
-        "median. Step logs and rooflines carry no repetitions and price medians",
+        help="multiply each simulated step's median time by a ratio drawn from measured "
+        "repetitions, seeded (a run is reproducible), so means and tails include the "
+        "executor's step-to-step spread. 'profile' (default): with --cost-model PROFILE, the "
+        "profile's own (eager steps and CUDA-graph decodes apart); rooflines price medians. "
+        "'measured': that, and with a measured --hardware spec (h100-sxm) its fitted "
+        "profiles' eager steps (graph decodes at their roofline time). 'off': every step at "
+        "its median. Step logs and unmeasured specs carry no repetitions",
     )
     g.add_argument(
         "--no-jump",
@@ -119,6 +121,7 @@ def setup_of(args: argparse.Namespace) -> SimSetup:
         return roofline_setup(
             args.model, args.device, kv_pool(args), args.tensor_parallel_size,
             args.pipeline_parallel_size, args.interconnect,
+            step_jitter=args.step_jitter == "measured",
         )  # fmt: skip
     if args.device is not None:
         raise CliError("--cost-model prices the profiled device; drop --hardware")

@@ -36,11 +36,15 @@ class AttentionBackend:
         decode_split_programs: programs (sequences x KV heads) a decode batch needs
             before the backend stops splitting keys (0: it never splits); profiles
             record it so a step model can price a batch's longest context.
+        mixed_graph_max_tokens: the largest prefill or mixed pass (new tokens) whose
+            metadata has one launch shape per token count, so a graph can replay it
+            (:meth:`graph_host_fields`; 0: decodes only).
     """
 
     name = ""
     supports_cuda_graphs = False
     decode_split_programs = 0
+    mixed_graph_max_tokens = 0
 
     def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
         """Extra int64 arrays for this pass, copied to the device with the rest.
@@ -50,6 +54,18 @@ class AttentionBackend:
             max_query_len: their maximum.
         """
         return {}
+
+    def graph_host_fields(
+        self, query_lens: np.ndarray, num_tokens: int, num_seqs: int
+    ) -> dict[str, np.ndarray]:
+        """:meth:`host_fields` of a prefill or mixed pass padded for a CUDA graph of
+        ``num_tokens`` tokens and ``num_seqs`` sequence rows (the padding one
+        last): arrays whose lengths depend on those two only.
+
+        Raises:
+            NotImplementedError: on a backend without mixed graphs.
+        """
+        raise NotImplementedError(f"{self.name} attention has no mixed-pass graphs")
 
     def build_metadata(self, batch: StepBatch) -> Any:
         """What every layer of this pass needs (built once per pass)."""

@@ -103,6 +103,7 @@ class TritonBackend(AttentionBackend):
 
     name = "triton"
     supports_cuda_graphs = True
+    mixed_graph_max_tokens = LONG_QUERY_TOKENS - 1  # one query-block shape below it
 
     def __init__(self, num_heads: int, num_kv_heads: int, device: torch.device) -> None:
         from . import triton_kernels
@@ -153,6 +154,25 @@ class TritonBackend(AttentionBackend):
     def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
         seq, start = query_blocks(query_lens, self.block_q(max_query_len))
         return {"q_block_seq": seq, "q_block_start": start}
+
+    def graph_host_fields(
+        self, query_lens: np.ndarray, num_tokens: int, num_seqs: int
+    ) -> dict[str, np.ndarray]:
+        """The query blocks of a padded mixed pass at the short-prefill shape,
+        padded to ``ceil(num_tokens / block_q) + num_seqs`` (a bound on any pass
+        of that many tokens and rows) with blocks of the last (padding) sequence
+        that start past its queries and so compute nothing."""
+        block_q = self.block_q(2)
+        seq, start = query_blocks(query_lens, block_q)
+        capacity = -(-num_tokens // block_q) + num_seqs
+        pad = capacity - len(seq)
+        if pad < 0 or len(query_lens) > num_seqs:
+            raise ValueError(f"{len(query_lens)} sequences in {num_tokens} tokens do not fit "
+                             f"{num_seqs} rows")  # fmt: skip
+        return {
+            "q_block_seq": np.concatenate([seq, np.full(pad, len(query_lens) - 1, np.int64)]),
+            "q_block_start": np.concatenate([start, np.full(pad, num_tokens, np.int64)]),
+        }
 
     def build_metadata(self, batch: StepBatch) -> TritonMetadata:
         block_q = self.block_q(batch.max_query_len)

@@ -110,10 +110,14 @@ class RunnerChoice:
             device runs; see :mod:`roseinfer.executor.attention`).
         enforce_eager: ``--enforce-eager`` (vLLM's flag): never capture CUDA
             graphs; decode passes run eagerly.
+        cudagraph_mode: ``--cudagraph-mode`` (vLLM's ``CUDAGraphMode`` names):
+            ``FULL_DECODE_ONLY`` or ``FULL`` (small prefill and mixed passes too;
+            see :mod:`~roseinfer.executor.graph_runner`).
     """
 
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +211,8 @@ def runner_facts(runner: ModelRunner, pool: KVPoolSize) -> dict[str, Any]:
         "enforce_eager": runner.enforce_eager,
         "cuda_graph_capture_s": runner.cuda_graph_capture_s,
         "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
+        "cudagraph_mode": runner.cudagraph_mode,
+        "cuda_graph_token_sizes": list(runner.graph_token_sizes),
         "max_tokens_per_pass": runner.max_tokens_per_pass,
         "kv_cache_bytes": runner.kv_cache_bytes,
         "kv_pool_source": pool.source,
@@ -495,6 +501,7 @@ def new_runner(
         dtype=dtype, attention_backend=choice.attention_backend,
         max_tokens_per_pass=pass_tokens(device, config.max_num_batched_tokens),
         num_tier_blocks=num_tier_blocks, enforce_eager=choice.enforce_eager, adapter=adapter,
+        cudagraph_mode=choice.cudagraph_mode,
     )  # fmt: skip
 
 

@@ -82,6 +82,8 @@ def executor_facts(
         "attention_backend": runner.attention_backend,
         "enforce_eager": runner.enforce_eager,
         "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
+        "cudagraph_mode": runner.cudagraph_mode,
+        "cuda_graph_token_sizes": list(runner.graph_token_sizes),
         "decode_split_programs": runner.backend.decode_split_programs,
         "num_kv_blocks": config.num_kv_blocks,
         "block_size": config.block_size,

@@ -18,7 +18,20 @@ and replays it with one launch. Graphs replay fixed addresses and shapes, so:
   (:mod:`roseinfer.executor.input_batch`), copied into the static buffers, and
   replayed; its real rows come back first.
 
-Mixed and prefill passes stay eager: their shapes vary without bound.
+Mixed and prefill passes stay eager by default (vLLM's ``FULL_DECODE_ONLY``
+cudagraph mode). With ``mixed_max_tokens`` (the ``FULL`` mode, as vLLM's) a
+pass of prefill tokens with up to that many new tokens is replayed too, from a
+graph captured per *token* count (the same capture sizes, from 2): the pass is
+padded with one extra sequence that owns the padding tokens and sees no key, its
+per-sequence fields fill a prefix of static buffers sized for ``min(tokens,
+max_num_seqs) + 1`` sequences, and the attention backend pads its own fields to
+a length fixed by the token count
+(:meth:`~roseinfer.executor.attn_base.AttentionBackend.graph_host_fields`), so
+one launch shape serves every pass of that size. A small prefill on a GPU is
+bound by launching its kernels (about 0.3 ms a layer from the host on an H100,
+so 10 ms for a 32-layer model whatever its length); replayed, it costs its GPU
+time. Whether that pays for the padding is measured, not assumed: the mode is
+off unless asked for.
 
 Without CUDA (or with ``use_cuda_graphs=False``) the same object runs the same
 static-buffer path eagerly: sizes, padding, buffer copies and per-size metadata
@@ -74,8 +87,96 @@ class _Captured:
     batch: StepBatch
 
 
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a family's buffers live and their widths."""
+
+    device: torch.device
+    dtype: torch.dtype
+    hidden_size: int
+    max_blocks_per_seq: int
+
+
+def mixed_capture_sizes(max_tokens: int) -> list[int]:
+    """Token counts to capture prefill/mixed passes at: the capture sizes from 2
+    (a one-token pass is a decode) up to ``max_tokens``; none below 2."""
+    return [t for t in capture_sizes(max_tokens) if t >= 2] if max_tokens >= 2 else []
+
+
+class _Family:
+    """The static buffers and captured graphs of one kind of pass: decode batches
+    keyed by sequences (``mixed`` False), or prefill/mixed passes keyed by tokens.
+
+    Args:
+        sizes: the capture sizes (sequences, or tokens).
+        fields: the all-padding 1-d static fields of the largest size.
+        num_rows: block-table rows of the largest size.
+        seq_rows: per size, its sequence count (``size -> rows``).
+        field_lens: per size, each backend field's length.
+    """
+
+    def __init__(
+        self,
+        sizes: list[int],
+        fields: dict[str, np.ndarray],
+        num_rows: int,
+        seq_rows: Callable[[int], int],
+        field_lens: Callable[[int], dict[str, int]],
+        *,
+        mixed: bool,
+        place: _Place,
+    ) -> None:
+        self.sizes, self.mixed = sizes, mixed
+        self.seq_rows, self.field_lens = seq_rows, field_lens
+        device = place.device
+        self.flat = {name: torch.from_numpy(a).to(device) for name, a in fields.items()}
+        self.tables = torch.zeros(
+            (num_rows, place.max_blocks_per_seq), dtype=torch.long, device=device
+        )
+        self.out = torch.zeros((sizes[-1], place.hidden_size), dtype=place.dtype, device=device)
+        self.captured: dict[int, _Captured] = {}
+
+    def static_batch(self, size: int, max_seq_len: int, block_size: int, num_kv_blocks: int):
+        """A :class:`StepBatch` of views of the static buffers for ``size``."""
+        rows = self.seq_rows(size)
+        flat = self.flat
+        query_lens = np.ones(rows, np.int64)
+        host = HostStep(query_lens, np.zeros(rows, np.int64), np.arange(rows + 1),
+                        np.zeros((rows, 1), np.int64))  # fmt: skip
+        return StepBatch(
+            num_tokens=size,
+            num_seqs=rows,
+            num_real_seqs=rows,
+            max_query_len=MIXED_QUERY_LEN if self.mixed else 1,
+            max_seq_len=max_seq_len,
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            token_ids=flat["token_ids"][:size],
+            positions=flat["positions"][:size],
+            slot_mapping=flat["slot_mapping"][:size],
+            query_start_loc=flat["query_start_loc"][: rows + 1],
+            seq_lens=flat["seq_lens"][:rows],
+            last_token_indices=flat["last_token_indices"][:rows],
+            block_tables=self.tables[:rows],
+            host=host,
+            extra={name: flat[name][:n] for name, n in self.field_lens(size).items()},
+        )
+
+    def load(self, batch: StepBatch) -> None:
+        """Copy a padded batch into the static buffers (device to device)."""
+        for name, values in batch.flat_fields().items():
+            self.flat[name][: values.numel()].copy_(values)
+        width = batch.block_tables.shape[1]
+        self.tables[: batch.num_seqs, :width].copy_(batch.block_tables)
+
+
+MIXED_QUERY_LEN = 2
+"""The ``max_query_len`` a mixed family's static batches carry: any prefill length
+below the backend's long-prefill threshold gives the same launch shape."""
+
+
 class GraphRunner:
-    """Runs padded decode passes through static buffers, replaying CUDA graphs.
+    """Runs padded passes through static buffers, replaying CUDA graphs.
 
     Args:
         body: the model body ``(batch, meta) -> hidden [num_tokens, hidden]``.
@@ -88,9 +189,14 @@ class GraphRunner:
         block_size, num_kv_blocks: the pool's (carried in the static batch).
         use_cuda_graphs: capture graphs (CUDA only); False runs the same static
             path eagerly.
+        mixed_max_tokens: the largest prefill or mixed pass (new tokens) to
+            capture and replay, at most the backend's
+            :attr:`~roseinfer.executor.attn_base.AttentionBackend.mixed_graph_max_tokens`;
+            0: decodes only (the default).
 
     Raises:
-        ValueError: if the backend cannot be captured.
+        ValueError: if the backend cannot be captured, or cannot capture mixed
+            passes of ``mixed_max_tokens``.
     """
 
     def __init__(
@@ -106,43 +212,106 @@ class GraphRunner:
         block_size: int,
         num_kv_blocks: int,
         use_cuda_graphs: bool,
+        mixed_max_tokens: int = 0,
     ) -> None:
         if not backend.supports_cuda_graphs:
             raise ValueError(f"attention backend {backend.name!r} cannot be captured")
+        if mixed_max_tokens > backend.mixed_graph_max_tokens:
+            raise ValueError(
+                f"attention backend {backend.name!r} captures passes of at most "
+                f"{backend.mixed_graph_max_tokens} tokens, not {mixed_max_tokens}"
+            )
         self.body, self.backend, self.device = body, backend, device
         self.use_cuda_graphs = use_cuda_graphs and device.type == "cuda"
-        self.sizes = capture_sizes(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size, self.num_kv_blocks = block_size, num_kv_blocks
-        max_bs = self.sizes[-1]
-        self._flat = self._static_fields(max_bs)
-        self._tables = torch.zeros((max_bs, max_blocks_per_seq), dtype=torch.long, device=device)
-        self._out = torch.zeros((max_bs, hidden_size), dtype=dtype, device=device)
-        self._captured: dict[int, _Captured] = {}
+        place = _Place(device, dtype, hidden_size, max_blocks_per_seq)
+        sizes = capture_sizes(max_num_seqs)
+        ones = lambda n: np.ones(n, np.int64)  # noqa: E731 - a decode's query lengths
+        self.decode = _Family(
+            sizes, self._decode_fields(sizes[-1]), sizes[-1], lambda bs: bs,
+            lambda bs: {n: len(a) for n, a in backend.host_fields(ones(bs), 1).items()},
+            mixed=False, place=place,
+        )  # fmt: skip
+        self.mixed: _Family | None = None
+        mixed_sizes = mixed_capture_sizes(mixed_max_tokens)
+        if mixed_sizes:
+            self.mixed = _Family(
+                mixed_sizes, self._mixed_fields(mixed_sizes[-1]),
+                self.mixed_seq_rows(mixed_sizes[-1]), self.mixed_seq_rows,
+                lambda t: {n: len(a) for n, a in self._mixed_host_fields(t).items()},
+                mixed=True, place=place,
+            )  # fmt: skip
         self.capture_s = 0.0
 
     # ------------------------------------------------------------- public
+    @property
+    def sizes(self) -> list[int]:
+        """The decode capture sizes (sequences)."""
+        return self.decode.sizes
+
+    @property
+    def mixed_sizes(self) -> list[int]:
+        """The prefill/mixed capture sizes (tokens; empty: decodes only)."""
+        return self.mixed.sizes if self.mixed is not None else []
+
+    def mixed_seq_rows(self, num_tokens: int) -> int:
+        """Sequence rows of a mixed pass padded to ``num_tokens``: as many as it can
+        hold (``min(num_tokens, max_num_seqs)``) plus the padding sequence."""
+        return min(num_tokens, self.max_num_seqs) + 1
+
     def padded_size(self, num_seqs: int, max_blocks: int) -> int | None:
         """The captured size a decode batch runs at, or None (run it eagerly)."""
         if max_blocks > self.max_blocks_per_seq:
             return None
-        return padded_size(num_seqs, self.sizes)
+        return padded_size(num_seqs, self.decode.sizes)
 
-    def capture(self, sizes: Sequence[int] | None = None) -> float:
-        """Warm up and capture ``sizes`` (default: every capture size), largest
-        first; returns the seconds spent (also in :attr:`capture_s`). Eager mode
-        only warms up and builds metadata.
+    def padded_tokens(self, num_tokens: int, num_seqs: int, max_blocks: int) -> int | None:
+        """The captured token count a prefill/mixed pass runs at, or None (eagerly)."""
+        if self.mixed is None or max_blocks > self.max_blocks_per_seq:
+            return None
+        size = padded_size(num_tokens, self.mixed.sizes)
+        if size is None or num_seqs + 1 > self.mixed_seq_rows(size):
+            return None
+        return size
+
+    def graph_host_fields(self, num_tokens: int):
+        """The backend's fields of a mixed pass padded to ``num_tokens``, as
+        :class:`~roseinfer.executor.input_batch.InputBatch` asks for them."""
+        rows = self.mixed_seq_rows(num_tokens)
+        backend = self.backend
+
+        def fields(query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
+            return backend.graph_host_fields(query_lens, num_tokens, rows)
+
+        return fields
+
+    def capture(
+        self, sizes: Sequence[int] | None = None, mixed_sizes: Sequence[int] | None = None
+    ) -> float:
+        """Warm up and capture ``sizes`` (decode; default: every capture size) and
+        ``mixed_sizes`` (tokens; default: every mixed size), largest first; returns
+        the seconds spent (also in :attr:`capture_s`). Eager mode only warms up
+        and builds metadata.
 
         Raises:
             ValueError: on a size that is not a capture size.
         """
-        todo = self.sizes if sizes is None else sorted(sizes)
-        if not set(todo) <= set(self.sizes):
-            raise ValueError(f"sizes {list(todo)} are not all capture sizes {self.sizes}")
+        todo = self.decode.sizes if sizes is None else sorted(sizes)
+        todo_mixed = self.mixed_sizes if mixed_sizes is None else sorted(mixed_sizes)
+        if not set(todo) <= set(self.decode.sizes):
+            raise ValueError(f"sizes {list(todo)} are not all capture sizes {self.decode.sizes}")
+        if not set(todo_mixed) <= set(self.mixed_sizes):
+            raise ValueError(
+                f"mixed sizes {list(todo_mixed)} are not all capture sizes {self.mixed_sizes}"
+            )
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
-        for bs in reversed(todo):
-            self._captured[bs] = self._capture_one(bs, pool)
+        for family, family_sizes in ((self.mixed, todo_mixed), (self.decode, todo)):
+            for size in reversed(family_sizes):
+                assert family is not None
+                family.captured[size] = self._capture_one(family, size, pool)
         if self.use_cuda_graphs:
             torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
@@ -150,8 +319,13 @@ class GraphRunner:
 
     @property
     def captured_sizes(self) -> list[int]:
-        """Sizes captured so far, ascending."""
-        return sorted(self._captured)
+        """Decode sizes captured so far, ascending."""
+        return sorted(self.decode.captured)
+
+    @property
+    def captured_mixed_sizes(self) -> list[int]:
+        """Mixed token counts captured so far, ascending."""
+        return sorted(self.mixed.captured) if self.mixed is not None else []
 
     def run(self, batch: StepBatch) -> torch.Tensor:
         """Run a decode batch already padded to a captured size.
@@ -163,48 +337,68 @@ class GraphRunner:
         Raises:
             ValueError: if ``batch.num_seqs`` is not a captured size.
         """
-        bs = batch.num_seqs
-        captured = self._captured.get(bs)
-        if captured is None:
-            if bs not in self.sizes:
-                raise ValueError(f"decode batch of {bs} is not a capture size {self.sizes}")
-            batch_views = self._static_batch(bs)  # not captured: same path, eagerly
-            meta = self.backend.build_metadata(batch_views)
-            captured = self._captured[bs] = _Captured(None, meta, batch_views)
-        self._load(batch)
+        if batch.num_seqs not in self.decode.sizes:
+            raise ValueError(
+                f"decode batch of {batch.num_seqs} is not a capture size {self.decode.sizes}"
+            )
+        return self._run(self.decode, batch.num_seqs, batch)
+
+    def run_mixed(self, batch: StepBatch) -> torch.Tensor:
+        """Run a prefill/mixed pass already padded to a captured token count
+        (:meth:`padded_tokens`, built with :meth:`graph_host_fields`).
+
+        Returns:
+            hidden states ``[batch.num_tokens, hidden]`` of every token, padding
+            included (a view of a static buffer, valid until the next run).
+
+        Raises:
+            ValueError: without mixed graphs, or if ``batch.num_tokens`` is not a
+                mixed capture size.
+        """
+        if self.mixed is None or batch.num_tokens not in self.mixed.sizes:
+            raise ValueError(f"a pass of {batch.num_tokens} tokens is not a mixed capture size "
+                             f"{self.mixed_sizes}")  # fmt: skip
+        return self._run(self.mixed, batch.num_tokens, batch)
+
+    # ------------------------------------------------------------ private
+    def _run(self, family: _Family, size: int, batch: StepBatch) -> torch.Tensor:
+        captured = family.captured.get(size)
+        if captured is None:  # not captured: the same path, eagerly
+            views = self._static_batch(family, size)
+            captured = family.captured[size] = _Captured(
+                None, self.backend.build_metadata(views), views
+            )
+        family.load(batch)
         if captured.graph is not None:
             captured.graph.replay()
         else:
-            self._out[:bs].copy_(self.body(captured.batch, captured.meta))
-        return self._out[:bs]
+            family.out[:size].copy_(self.body(captured.batch, captured.meta))
+        return family.out[:size]
 
-    # ------------------------------------------------------------ private
-    def _capture_one(self, bs: int, pool: Any) -> _Captured:
+    def _static_batch(self, family: _Family, size: int) -> StepBatch:
+        return family.static_batch(
+            size, self.max_blocks_per_seq * self.block_size, self.block_size, self.num_kv_blocks
+        )
+
+    def _capture_one(self, family: _Family, size: int, pool: Any) -> _Captured:
         """Metadata, one eager warm-up run (compiles the kernels outside the
         capture), then the capture itself when graphs are on."""
-        batch = self._static_batch(bs)
+        batch = self._static_batch(family, size)
         meta = self.backend.build_metadata(batch)
-        self._out[:bs].copy_(self.body(batch, meta))
+        family.out[:size].copy_(self.body(batch, meta))
         if not self.use_cuda_graphs or pool is None:
             return _Captured(None, meta, batch)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            self._out[:bs].copy_(self.body(batch, meta))
+            family.out[:size].copy_(self.body(batch, meta))
         return _Captured(graph, meta, batch)
 
-    def _load(self, batch: StepBatch) -> None:
-        """Copy a padded batch into the static buffers (device to device)."""
-        for name, values in batch.flat_fields().items():
-            self._flat[name][: values.numel()].copy_(values)
-        width = batch.block_tables.shape[1]
-        self._tables[: batch.num_seqs, :width].copy_(batch.block_tables)
-
-    def _static_fields(self, max_bs: int) -> dict[str, torch.Tensor]:
-        """Static 1-d buffers holding an all-padding batch of ``max_bs`` rows, so a
+    def _decode_fields(self, max_bs: int) -> dict[str, np.ndarray]:
+        """Static 1-d fields holding an all-padding batch of ``max_bs`` rows, so a
         warm-up or capture run writes no cache slot and reads no key."""
         rows = np.arange(max_bs + 1, dtype=np.int64)
-        values = {
+        return {
             "token_ids": np.zeros(max_bs, np.int64),
             "positions": np.zeros(max_bs, np.int64),
             "slot_mapping": np.full(max_bs, PAD_SLOT, np.int64),
@@ -213,31 +407,23 @@ class GraphRunner:
             "last_token_indices": rows[:-1].copy(),
             **self.backend.host_fields(np.ones(max_bs, np.int64), 1),
         }
-        return {name: torch.from_numpy(a).to(self.device) for name, a in values.items()}
 
-    def _static_batch(self, bs: int) -> StepBatch:
-        """A :class:`StepBatch` of views of the static buffers for ``bs`` rows."""
-        ones = np.ones(bs, np.int64)
-        extra_lens = {n: len(a) for n, a in self.backend.host_fields(ones, 1).items()}
-        flat = self._flat
-        host = HostStep(
-            ones, np.zeros(bs, np.int64), np.arange(bs + 1), np.zeros((bs, 1), np.int64)
-        )
-        return StepBatch(
-            num_tokens=bs,
-            num_seqs=bs,
-            num_real_seqs=bs,
-            max_query_len=1,
-            max_seq_len=self.max_blocks_per_seq * self.block_size,
-            block_size=self.block_size,
-            num_kv_blocks=self.num_kv_blocks,
-            token_ids=flat["token_ids"][:bs],
-            positions=flat["positions"][:bs],
-            slot_mapping=flat["slot_mapping"][:bs],
-            query_start_loc=flat["query_start_loc"][: bs + 1],
-            seq_lens=flat["seq_lens"][:bs],
-            last_token_indices=flat["last_token_indices"][:bs],
-            block_tables=self._tables[:bs],
-            host=host,
-            extra={name: flat[name][:n] for name, n in extra_lens.items()},
-        )
+    def _mixed_host_fields(self, num_tokens: int) -> dict[str, np.ndarray]:
+        """The backend's fields of an all-padding mixed pass of ``num_tokens``:
+        every sequence empty (so every query block computes nothing)."""
+        rows = self.mixed_seq_rows(num_tokens)
+        return self.backend.graph_host_fields(np.zeros(rows, np.int64), num_tokens, rows)
+
+    def _mixed_fields(self, max_tokens: int) -> dict[str, np.ndarray]:
+        """Static 1-d fields of an all-padding mixed pass of ``max_tokens``: no
+        slot written, every sequence empty and keyless."""
+        rows = self.mixed_seq_rows(max_tokens)
+        return {
+            "token_ids": np.zeros(max_tokens, np.int64),
+            "positions": np.zeros(max_tokens, np.int64),
+            "slot_mapping": np.full(max_tokens, PAD_SLOT, np.int64),
+            "query_start_loc": np.zeros(rows + 1, np.int64),
+            "seq_lens": np.zeros(rows, np.int64),
+            "last_token_indices": np.zeros(rows, np.int64),
+            **self._mixed_host_fields(max_tokens),
+        }

@@ -22,7 +22,9 @@ run took 0.6-0.8 s instead of about 15 ms while the disk cache was cold).
 
 A decode batch for a CUDA graph is padded up to its captured size with rows
 that compute nothing: token 0 at position 0, slot -1 (the store skips it),
-sequence length 0 (attention sees no key).
+sequence length 0 (attention sees no key). A prefill or mixed pass for a graph
+is padded up to its captured token count with the same tokens, all owned by one
+extra sequence of length 0.
 """
 
 from __future__ import annotations
@@ -110,13 +112,19 @@ class StepBatch:
 
 
 def host_arrays(
-    seqs: Sequence[SeqInput], block_size: int, pad_to: int | None = None
+    seqs: Sequence[SeqInput],
+    block_size: int,
+    pad_to: int | None = None,
+    pad_tokens_to: int | None = None,
 ) -> tuple[dict[str, np.ndarray], HostStep]:
     """The pass's fields as int64 numpy arrays (see the module doc).
 
     Args:
         seqs: checked runner inputs (``ModelRunner`` checks them).
         pad_to: for a decode batch (one token each), the row count to pad to.
+        pad_tokens_to: for a prefill or mixed pass (a CUDA graph of this many
+            tokens), the token count to pad to: one more sequence owns the
+            padding tokens (slot -1, position 0) and has no key (length 0).
 
     Returns:
         the one-dimensional fields by name, and the :class:`HostStep`.
@@ -150,6 +158,11 @@ def host_arrays(
     if pad_to is not None and pad_to > num_seqs:
         fields, query_lens, block_tables = _pad_decodes(fields, query_lens, block_tables, pad_to)
         query_start_loc = np.arange(pad_to + 1, dtype=np.int64)
+    if pad_tokens_to is not None:
+        fields, query_lens, block_tables = _pad_tokens(
+            fields, query_lens, block_tables, pad_tokens_to
+        )
+        query_start_loc = np.append(query_start_loc, pad_tokens_to)
     fields["query_start_loc"] = query_start_loc
     fields["last_token_indices"] = query_start_loc[1:] - 1
     host = HostStep(query_lens, fields["seq_lens"], query_start_loc, block_tables)
@@ -170,6 +183,25 @@ def _pad_decodes(
     }
     tables = np.concatenate([block_tables, np.zeros((num_pad, block_tables.shape[1]), np.int64)])
     return padded, np.ones(rows, np.int64), tables
+
+
+def _pad_tokens(
+    fields: dict[str, np.ndarray], query_lens: np.ndarray, block_tables: np.ndarray, tokens: int
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Append one sequence holding ``tokens - len(token_ids)`` padding tokens
+    (token 0, position 0, slot -1) and no key (length 0) (module doc)."""
+    num_pad = tokens - len(fields["token_ids"])
+    if num_pad < 0:
+        raise ValueError(f"a pass of {len(fields['token_ids'])} tokens cannot pad to {tokens}")
+    pad_values = {"token_ids": 0, "positions": 0, "slot_mapping": PAD_SLOT}
+    padded = {
+        name: np.concatenate([a, np.full(num_pad, pad_values[name], np.int64)])
+        for name, a in fields.items()
+        if name in pad_values
+    }
+    padded["seq_lens"] = np.append(fields["seq_lens"], 0)
+    tables = np.concatenate([block_tables, np.zeros((1, block_tables.shape[1]), np.int64)])
+    return padded, np.append(query_lens, num_pad), tables
 
 
 @dataclass(slots=True)
@@ -203,6 +235,7 @@ class InputBatch:
         host_fields: HostFields,
         num_kv_blocks: int,
         pad_to: int | None = None,
+        pad_tokens_to: int | None = None,
     ) -> StepBatch:
         """The pass's :class:`StepBatch` (one host-to-device copy on CUDA).
 
@@ -211,8 +244,10 @@ class InputBatch:
             host_fields: the backend's extra fields (query lens, max query len -> arrays).
             num_kv_blocks: blocks in the pool (carried for the backends).
             pad_to: pad a decode batch to this many rows (CUDA graphs).
+            pad_tokens_to: pad a prefill or mixed pass to this many tokens, plus
+                one padding sequence (CUDA graphs; :func:`host_arrays`).
         """
-        fields, host = host_arrays(seqs, self.block_size, pad_to)
+        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to)
         max_query_len = int(host.query_lens.max())
         extra = host_fields(host.query_lens, max_query_len)
         arrays = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]

@@ -26,7 +26,9 @@ pass of that many tokens can run: a backend that gathers the cached context,
 with top-k/top-p (its sort is the sampler's largest buffer). The CUDA-graph pool is estimated by capturing the
 largest and the smallest decode graph on the scratch pool: the largest graph's
 memory plus, per other size, the smallest one's (graphs share one pool for
-their intermediate buffers; each adds its own small fixed cost).
+their intermediate buffers; each adds its own small fixed cost); with
+``--cudagraph-mode FULL`` the prefill/mixed graphs are estimated the same way and
+added.
 
 :func:`plan_kv_cache` does all of it and leaves the runner with the planned
 pool; :mod:`roseinfer.executor.builder` calls it for every run on CUDA. Every device reading goes through a :class:`MemoryReader`, so the tests
@@ -42,7 +44,7 @@ import torch
 
 from roseinfer.request import SamplingParams
 
-from .graph_runner import capture_sizes
+from .graph_runner import capture_sizes, mixed_capture_sizes
 from .model_runner import ModelRunner
 from .sampler import sample
 from .warmup import scratch_inputs
@@ -317,21 +319,30 @@ def _profile_peak(
 def _graph_pool_bytes(
     runner: ModelRunner, max_num_seqs: int, max_model_len: int, reader: MemoryReader
 ) -> int:
-    """The CUDA-graph pool estimate: capture the largest, then the smallest size on
-    the scratch pool, measuring the device memory each holds (0 without graphs)."""
+    """The CUDA-graph pool estimate: per family (decode batches, and prefill/mixed
+    passes in ``FULL`` mode), capture the largest, then the smallest size on the
+    scratch pool, measuring the device memory each holds (0 without graphs)."""
     if not runner.cuda_graphs_possible or runner.device.type != "cuda":
         return 0
     sizes = capture_sizes(max_num_seqs)
-    held = []
-    for size in (sizes[-1], sizes[0]):
-        reader.empty_cache()
-        before = _used(reader)
-        runner.capture_cuda_graphs(max_num_seqs, max_model_len, sizes=[size])
-        reader.synchronize()
-        held.append(_used(reader) - before)
-        runner.release_cuda_graphs()
+    mixed_sizes = mixed_capture_sizes(runner.mixed_graph_max_tokens)
+    total = 0
+    for family, all_sizes in (("decode", sizes), ("mixed", mixed_sizes)):
+        if not all_sizes:
+            continue
+        held = []
+        for size in (all_sizes[-1], all_sizes[0]):
+            reader.empty_cache()
+            before = _used(reader)
+            one = {"sizes": [size], "mixed_sizes": []} if family == "decode" else {
+                "sizes": [], "mixed_sizes": [size]}  # fmt: skip
+            runner.capture_cuda_graphs(max_num_seqs, max_model_len, **one)
+            reader.synchronize()
+            held.append(_used(reader) - before)
+            runner.release_cuda_graphs()
+        total += graph_pool_estimate(held[0], held[1], len(all_sizes))
     reader.empty_cache()
-    return graph_pool_estimate(held[0], held[1], len(sizes))
+    return total
 
 
 def _used(reader: MemoryReader) -> int:

@@ -50,6 +50,7 @@ from torch import nn
 
 from roseinfer.request import SamplingParams
 
+from . import CUDAGRAPH_MODES
 from . import attention as attn
 from .adapters import ModelAdapter
 from .attention import ATTENTION_BACKENDS
@@ -116,6 +117,10 @@ class ModelRunner:
             when the device is CUDA) that :meth:`apply_kv_transfers` copies into
             and out of.
         enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``).
+        cudagraph_mode: which passes replay CUDA graphs (vLLM's names):
+            ``FULL_DECODE_ONLY`` (default) decode batches; ``FULL`` also prefill
+            and mixed passes of up to :attr:`mixed_graph_max_tokens` new tokens
+            (see :mod:`~roseinfer.executor.graph_runner`).
         adapter: ``make_adapter(model)`` already built on ``model`` where it is
             (on ``device`` in ``dtype``), so a run builds it once; None builds it.
 
@@ -140,9 +145,14 @@ class ModelRunner:
         num_tier_blocks: int = 0,
         enforce_eager: bool = False,
         adapter: ModelAdapter | None = None,
+        cudagraph_mode: str = "FULL_DECODE_ONLY",
     ) -> None:
         if max_tokens_per_pass is not None and max_tokens_per_pass < 0:
             raise ValueError(f"max_tokens_per_pass must be >= 0, got {max_tokens_per_pass}")
+        if cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(
+                f"cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {cudagraph_mode!r}"
+            )
         self.device = torch.device(device)
         self.dtype = dtype
         self.block_size = block_size
@@ -162,6 +172,7 @@ class ModelRunner:
             max_tokens_per_pass = CPU_MAX_TOKENS_PER_PASS if cpu else CUDA_MAX_TOKENS_PER_PASS
         self.max_tokens_per_pass = max_tokens_per_pass
         self.enforce_eager = enforce_eager
+        self.cudagraph_mode = cudagraph_mode
         self.input_batch = InputBatch(self.device, block_size)
         self.graphs: GraphRunner | None = None
         self.cuda_graph_capture_s = 0.0
@@ -240,7 +251,11 @@ class ModelRunner:
         return not self.enforce_eager and self.backend.supports_cuda_graphs
 
     def capture_cuda_graphs(
-        self, max_num_seqs: int, max_model_len: int, sizes: Sequence[int] | None = None
+        self,
+        max_num_seqs: int,
+        max_model_len: int,
+        sizes: Sequence[int] | None = None,
+        mixed_sizes: Sequence[int] | None = None,
     ) -> float:
         """Capture the decode body at every capture size up to ``max_num_seqs``
         (see :mod:`~roseinfer.executor.graph_runner`); decode passes then replay
@@ -252,6 +267,9 @@ class ModelRunner:
             sizes: capture only these capture sizes (the memory planner measures
                 two); a decode batch of another size runs the same static path
                 eagerly.
+            mixed_sizes: the same for prefill/mixed passes (token counts), with
+                ``cudagraph_mode`` ``FULL`` (default: all of them, or none when
+                ``sizes`` is given).
 
         Returns:
             seconds spent (also :attr:`cuda_graph_capture_s`); 0.0 when graphs
@@ -266,15 +284,29 @@ class ModelRunner:
             hidden_size=self._hidden_size(), max_num_seqs=max_num_seqs,
             max_blocks_per_seq=max_blocks, block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks, use_cuda_graphs=True,
+            mixed_max_tokens=self.mixed_graph_max_tokens,
         )  # fmt: skip
+        if sizes is not None and mixed_sizes is None:
+            mixed_sizes = []
         with torch.inference_mode():
-            self.cuda_graph_capture_s = self.graphs.capture(sizes)
+            self.cuda_graph_capture_s = self.graphs.capture(sizes, mixed_sizes)
         logger.info(
-            "captured decode graphs at %d sizes in %.1f s",
+            "captured graphs at %d decode sizes and %d mixed token counts in %.1f s",
             len(self.graphs.sizes),
+            len(self.graphs.mixed_sizes),
             self.cuda_graph_capture_s,
         )
         return self.cuda_graph_capture_s
+
+    @property
+    def mixed_graph_max_tokens(self) -> int:
+        """The largest prefill or mixed pass replayed from a CUDA graph (new tokens;
+        0: none): with ``cudagraph_mode`` ``FULL``, the backend's limit, at most
+        one pass (:attr:`max_tokens_per_pass`)."""
+        if self.cudagraph_mode != "FULL" or not self.cuda_graphs_possible:
+            return 0
+        limit = self.backend.mixed_graph_max_tokens
+        return min(limit, self.max_tokens_per_pass) if self.max_tokens_per_pass else limit
 
     def tune_attention(self, max_num_seqs: int, max_model_len: int) -> float:
         """Let the attention backend time its launch options on this pool
@@ -290,6 +322,14 @@ class ModelRunner:
             )  # fmt: skip
         self.attention_tune_s += spent
         return spent
+
+    @property
+    def graph_token_sizes(self) -> tuple[int, ...]:
+        """Prefill/mixed passes (new tokens) replayed from CUDA graphs: the captured
+        token counts (``()`` when none are, or off CUDA)."""
+        if self.graphs is None or not self.graphs.use_cuda_graphs:
+            return ()
+        return tuple(self.graphs.captured_mixed_sizes)
 
     @property
     def graph_batch_sizes(self) -> tuple[int, ...] | None:
@@ -361,15 +401,22 @@ class ModelRunner:
     def _run_pass(self, seqs: Sequence[SeqInput], emit: list[bool]) -> torch.Tensor:
         """All layers over one pass; hidden states ``[sum(emit), hidden]`` of the
         last token of each sequence with ``emit`` set."""
+        build, num_blocks = self.input_batch.build, self.num_kv_blocks
         padded = self._graph_size(seqs)
-        batch = self.input_batch.build(
-            seqs, self.backend.host_fields, self.num_kv_blocks, pad_to=padded
-        )
         if padded is not None:
             assert self.graphs is not None
+            batch = build(seqs, self.backend.host_fields, num_blocks, pad_to=padded)
             return self.graphs.run(batch)[: len(seqs)]  # decodes: every row emits
-        hidden = self._body(batch, self.backend.build_metadata(batch))
-        last = batch.last_token_indices
+        tokens = self._graph_tokens(seqs)
+        if tokens is not None:
+            assert self.graphs is not None
+            fields = self.graphs.graph_host_fields(tokens)
+            batch = build(seqs, fields, num_blocks, pad_tokens_to=tokens)
+            hidden = self.graphs.run_mixed(batch)
+        else:
+            batch = build(seqs, self.backend.host_fields, num_blocks)
+            hidden = self._body(batch, self.backend.build_metadata(batch))
+        last = batch.last_token_indices[: len(seqs)]  # not the padding sequence's
         if not all(emit):
             last = last[torch.tensor(emit, device=last.device)]
         return hidden.index_select(0, last)
@@ -381,6 +428,15 @@ class ModelRunner:
             return None
         longest = max(s.start_pos for s in seqs) + 1
         return graphs.padded_size(len(seqs), -(-longest // self.block_size))
+
+    def _graph_tokens(self, seqs: Sequence[SeqInput]) -> int | None:
+        """The captured token count to run this prefill/mixed pass at, or None."""
+        graphs = self.graphs
+        if graphs is None or graphs.mixed is None:
+            return None
+        num_tokens = sum(len(s.token_ids) for s in seqs)
+        longest = max(s.start_pos + len(s.token_ids) for s in seqs)
+        return graphs.padded_tokens(num_tokens, len(seqs), -(-longest // self.block_size))
 
     def _body(self, batch: StepBatch, meta: Any) -> torch.Tensor:
         """Embedding and every layer over a pass: hidden ``[num_tokens, hidden]``.

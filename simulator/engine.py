@@ -238,8 +238,10 @@ class CostModelBackend:
         times = self.cost_model.decode_run_times_s(np.array(out.decode_contexts), num_steps)
         if self.jitter is not None:
             num_seqs = len(out.decodes)
-            eager = np.full(num_steps, bool(runs_eagerly(num_seqs, num_seqs)))
-            times = times * self.jitter.factors(self.step_index, eager, times, self.stream)
+            eager_run = bool(runs_eagerly(num_seqs, num_seqs))
+            if eager_run or not self.jitter.eager_only:
+                eager = np.full(num_steps, eager_run)
+                times = times * self.jitter.factors(self.step_index, eager, times, self.stream)
         self._run_times_s = times
         if math.isinf(next_arrival_s):
             return num_steps
@@ -263,11 +265,20 @@ class CostModelBackend:
         ends: list[float] = []
         self._run_ends_s = ends
         end_s = now_s
+        jitter = self.jitter  # a measured roofline's: eager steps only (decodes past the graphs)
+        if jitter is not None and num_seqs <= _MAX_GRAPH_SEQS and jitter.eager_only:
+            jitter = None
+        first_step = self.step_index
         for j in range(num_steps):
             step_context = context + num_seqs * j  # every context grows by one per step
-            end_s += roofline.step_s(
+            step_s = roofline.step_s(
                 num_seqs, num_seqs, step_context, step_context, num_seqs, excess
             )
+            if jitter is not None:
+                step_s = step_s * jitter.factor(
+                    first_step + j, num_seqs > _MAX_GRAPH_SEQS, step_s, self.stream
+                )
+            end_s += step_s
             ends.append(end_s)
             if end_s >= next_arrival_s:
                 return j + 1
@@ -299,10 +310,11 @@ class CostModelBackend:
             )
         else:
             step_s = self.cost_model.step_time_s(batch_shape(out))
-            if self.jitter is not None:
-                num_seqs = len(out.prefills) + len(out.decodes)
-                num_tokens = out.num_prefill_tokens + len(out.decodes)
-                eager = bool(runs_eagerly(num_tokens, num_seqs))
+        if self.jitter is not None:
+            num_seqs = len(out.prefills) + len(out.decodes)
+            num_tokens = out.num_prefill_tokens + len(out.decodes)
+            eager = num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS  # runs_eagerly, inlined
+            if eager or not self.jitter.eager_only:
                 step_s = step_s * self.jitter.factor(first_step, eager, step_s, self.stream)
         transfers = out.kv_transfers
         if transfers is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from roseinfer.argtypes import clip
-from roseinfer.calibration.cost_model import CostModel, make_cost_model
+from roseinfer.calibration.cost_model import CostModel, RooflineCostModel, make_cost_model
 from roseinfer.config import MAX_NUM_KV_BLOCKS, SchedulerConfig
 from roseinfer.simulator.cluster import ReplicaSpec
 from roseinfer.simulator.setup import (
@@ -73,6 +73,8 @@ class ReplicaDefaults:
         interconnect: link between a replica's GPUs (None: the hardware's).
         pool: how the KV pool is sized.
         max_model_len: longest request (None: each model's).
+        step_jitter: add a measured spec's eager step jitter (``--step-jitter
+            measured``).
     """
 
     model: str | None = None
@@ -82,6 +84,7 @@ class ReplicaDefaults:
     interconnect: str | None = None
     pool: KVPool = KVPool()
     max_model_len: int | None = None
+    step_jitter: bool = False
 
 
 def copies(
@@ -186,6 +189,8 @@ def configured_replicas(
                                    entry.get("interconnect", defaults.interconnect))  # fmt: skip
         except ValueError as err:
             raise SetupError(f"--replica-config {path}: {err}") from None
+        if defaults.step_jitter and isinstance(cost, RooflineCostModel):
+            cost = cost.with_step_jitter()
         blocks = entry.get("num_kv_blocks") or defaults.pool.num_kv_blocks
         config = replace(
             base,

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roseinfer.calibration.cost_model import CostModel, cost_model_source, make_cost_model
+from roseinfer.calibration.cost_model import (
+    CostModel,
+    RooflineCostModel,
+    cost_model_source,
+    make_cost_model,
+)
 from roseinfer.calibration.specs import (
     DEVICES,
     DeviceSpec,
@@ -179,10 +184,13 @@ def roofline_setup(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     interconnect: str | None = None,
+    *,
+    step_jitter: bool = False,
 ) -> SimSetup:
     """The roofline of ``model_name`` on ``hardware`` (defaults: :data:`DEFAULT_MODEL`
     on :data:`DEFAULT_HARDWARE`), sharded over ``tensor_parallel`` x
-    ``pipeline_parallel`` GPUs joined by ``interconnect``.
+    ``pipeline_parallel`` GPUs joined by ``interconnect``. ``step_jitter``: add a
+    measured spec's eager step jitter (``RooflineCostModel.with_step_jitter``).
 
     Raises:
         SetupError: on an unknown spec, a bad parallel layout, or weights that do
@@ -195,6 +203,8 @@ def roofline_setup(
         cost_model = make_cost_model(model, device, None, tp, pp, interconnect)
     except ValueError as err:
         raise SetupError(f"--tensor-parallel-size/--pipeline-parallel-size: {err}") from None
+    if step_jitter and isinstance(cost_model, RooflineCostModel):
+        cost_model = cost_model.with_step_jitter()
     num_blocks = default_num_kv_blocks(pool, model, device, tp, pp)
     name = device.name if tp * pp == 1 else f"{device.name} x{tp * pp} (TP{tp} PP{pp})"
     extra = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "num_gpus": tp * pp,

@@ -61,6 +61,24 @@ def test_graph_replay_gives_the_eager_tokens_at_every_padding():
         assert greedy(graphed, prompts, tables, 6) == greedy(eager, prompts, tables, 6)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_full_mode_replays_prefills_and_matches_generate(name):
+    """``cudagraph_mode="FULL"``: prefills and mixed passes replayed from graphs
+    captured per token count (prompts of 5, 17 and 40 tokens pad to 64) give
+    transformers' greedy tokens, and the graphs were used."""
+    model = tiny(name).to(CUDA)
+    prompts = prompts_of(5, 17, 40)
+    tables = [list(range(i * 4, i * 4 + 4)) for i in range(3)]
+    runner = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=64)
+    runner.capture_cuda_graphs(max_num_seqs=8, max_model_len=64)
+    assert runner.graph_token_sizes[-1] == 64
+    used = []
+    real = runner.graphs.run_mixed
+    runner.graphs.run_mixed = lambda b: used.append(b.num_tokens) or real(b)
+    assert greedy(runner, prompts, tables, 8) == [hf_greedy(model, p) for p in prompts]
+    assert used and used[0] == 64
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_matches_sdpa_at_llama_8b_head_shapes(dtype):
     """32 query heads over 8 KV heads of 128, 16-token blocks, scattered; prompts,

@@ -149,3 +149,67 @@ def test_warm_up_captures_first_and_reallocation_drops_graphs():
     assert runner.graphs is not None and runner.cuda_graph_capture_s > 0
     runner.allocate_kv_cache(32)
     assert runner.graphs is None and runner.num_kv_blocks == 32
+
+
+def test_a_mixed_pass_pads_with_one_keyless_sequence():
+    """A prefill/mixed pass padded to a token count: the padding tokens write no
+    slot and belong to one extra sequence of length 0; the real rows are as built
+    unpadded."""
+    seqs = [SeqInput([5, 6, 7], 2, [0, 1]), SeqInput([9], 4, [2, 3])]
+    plain, _ = host_arrays(seqs, 4)
+    fields, host = host_arrays(seqs, 4, pad_tokens_to=8)
+    assert fields["token_ids"].tolist() == [5, 6, 7, 9, 0, 0, 0, 0]
+    assert fields["slot_mapping"].tolist() == [*plain["slot_mapping"].tolist(), -1, -1, -1, -1]
+    assert fields["positions"].tolist()[4:] == [0] * 4
+    assert fields["query_start_loc"].tolist() == [0, 3, 4, 8]
+    assert fields["seq_lens"].tolist() == [5, 5, 0]
+    assert host.query_lens.tolist() == [3, 1, 4] and host.block_tables.shape == (3, 2)
+    exact, _ = host_arrays(seqs, 4, pad_tokens_to=4)  # no padding token: an empty sequence
+    assert exact["query_start_loc"].tolist() == [0, 3, 4, 4]
+    with pytest.raises(ValueError, match="cannot pad"):
+        host_arrays(seqs, 4, pad_tokens_to=3)
+
+
+def mixed_steps(runner, prompts, tables):
+    """Two prompts prefilled, then one decodes while a third prompt is prefilled
+    (a mixed pass), then a long prompt past the mixed sizes: every step's argmax."""
+    tokens = []
+    first = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts[:2], tables[:2])])
+    tokens.append(first.argmax(-1).tolist())
+    mixed = [SeqInput([tokens[0][0]], len(prompts[0]), tables[0]),
+             SeqInput(prompts[2], 0, tables[2])]  # fmt: skip
+    tokens.append(runner.forward(mixed).argmax(-1).tolist())
+    tokens.append(runner.forward([SeqInput(prompts[3], 0, tables[3])]).argmax(-1).tolist())
+    return tokens
+
+
+@needs_triton
+def test_full_mode_replays_small_prefill_and_mixed_passes(monkeypatch):
+    """``cudagraph_mode="FULL"``: prefill and mixed passes up to the largest mixed
+    size run padded to a captured token count through the static buffers (the
+    graph path) and give the eager runner's tokens and KV cache; a longer pass, one
+    with no row left for the padding sequence, or a context past the static block
+    tables runs eagerly; the default mode captures no mixed size."""
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts, tables = prompts_of(5, 9, 6, 30), [list(range(i * 10, i * 10 + 10)) for i in range(4)]
+    eager_runner = runner_for(model, enforce_eager=True)
+    eager = mixed_steps(eager_runner, prompts, tables)
+    runner = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=24)
+    assert runner.mixed_graph_max_tokens == 24
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    assert runner.graphs is not None and runner.graphs.captured_mixed_sizes == [2, 4, 8, 16, 24]
+    sizes = []
+    real = runner.graphs.run_mixed
+    monkeypatch.setattr(runner.graphs, "run_mixed", lambda b: sizes.append(b.num_tokens) or real(b))
+    assert mixed_steps(runner, prompts, tables) == eager
+    assert sizes == [16, 8, 24, 8]  # 5 + 9 tokens, then 1 + 6, then passes of 24 and 6
+    assert torch.allclose(runner.kv_cache, eager_runner.kv_cache, atol=1e-5)
+    graphs = runner.graphs
+    assert graphs.padded_tokens(25, 1, 1) is None  # past the largest size: eagerly
+    assert graphs.padded_tokens(8, 5, 1) is None  # past max_num_seqs: no rows for it
+    assert graphs.padded_tokens(8, 4, 1) == 8 and graphs.padded_tokens(3, 1, 11) is None
+    default = runner_for(model)
+    default.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    assert default.mixed_graph_max_tokens == 0 and default.graphs.mixed_sizes == []
+    with pytest.raises(ValueError, match="cudagraph_mode"):
+        runner_for(model, cudagraph_mode="PIECEWISE")

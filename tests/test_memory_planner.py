@@ -145,15 +145,18 @@ def test_default_token_budget_is_vllms():
 
 
 def test_graph_pool_estimate_from_the_largest_and_smallest_capture():
-    """Largest graph + (sizes - 1) x the smallest, each measured as device memory
-    held after its capture."""
+    """Per family, largest graph + (sizes - 1) x the smallest, each measured as
+    device memory held after its capture: decode batches, then (``FULL`` mode)
+    the prefill/mixed token counts."""
     assert memory.graph_pool_estimate(300, 2, 35) == 300 + 34 * 2
     used = {"bytes": 10 * MIB}
     captured = []
+    held = {("decode", 256): 300, ("decode", 1): 2, ("mixed", 24): 50, ("mixed", 2): 1}
 
-    def capture(max_num_seqs, max_model_len, sizes):
-        captured.append(sizes[0])
-        used["bytes"] += 300 if sizes[0] == 256 else 2
+    def capture(max_num_seqs, max_model_len, sizes, mixed_sizes):
+        ((family, size),) = [("decode", s) for s in sizes] + [("mixed", t) for t in mixed_sizes]
+        captured.append((family, size))
+        used["bytes"] += held[family, size]
 
     reader = SimpleNamespace(
         mem_get_info=lambda: (80 * MIB - used["bytes"], 80 * MIB),
@@ -161,11 +164,14 @@ def test_graph_pool_estimate_from_the_largest_and_smallest_capture():
         synchronize=lambda: None,
     )
     runner = SimpleNamespace(
-        cuda_graphs_possible=True, device=torch.device("cuda"),
+        cuda_graphs_possible=True, device=torch.device("cuda"), mixed_graph_max_tokens=0,
         capture_cuda_graphs=capture, release_cuda_graphs=lambda: None,
     )  # fmt: skip
     assert memory._graph_pool_bytes(runner, 256, 1024, reader) == 300 + 34 * 2
-    assert captured == [256, 1]
+    assert captured == [("decode", 256), ("decode", 1)]
+    runner.mixed_graph_max_tokens = 24  # sizes 2, 4, 8, 16, 24
+    assert memory._graph_pool_bytes(runner, 256, 1024, reader) == 300 + 34 * 2 + 50 + 4 * 1
+    assert captured[2:] == [("decode", 256), ("decode", 1), ("mixed", 24), ("mixed", 2)]
 
 
 def test_a_planned_runner_never_runs_more_than_the_profiled_pass(monkeypatch):

@@ -464,3 +464,26 @@ def test_a_gpu_step_model_round_trips_through_json(tmp_path) -> None:
     assert again.cost_model().step_time_s(shape) == gpu.cost_model().step_time_s(shape)
     model = getattr(gpu.step_fit.model, "fallback", gpu.step_fit.model)
     assert model.decode_spread_seqs == 528 / GPT2.num_kv_heads
+
+
+def test_a_calibration_measured_with_prefill_graphs_is_refused_by_name(tmp_path):
+    """A profile taken with ``--cudagraph-mode FULL`` (prefill passes replayed from
+    graphs) would be priced as if its prefills were launched eagerly: loading it
+    says so, with the fix; ``rose-run profile`` refuses the mode before it loads a
+    model."""
+    from roseinfer.calibration.profile import load_calibration
+
+    profile = make_profile(samples_from(linear_price))
+    path = tmp_path / "full.json"
+    dataclasses.replace(profile, executor={**profile.executor, "cudagraph_mode": "FULL"}).save(path)
+    with pytest.raises(ProfileError, match="--cudagraph-mode FULL.*FULL_DECODE_ONLY"):
+        load_calibration([path])
+    profile.save(tmp_path / "ok.json")
+    assert load_calibration([tmp_path / "ok.json"]).samples
+    proc = subprocess.run(
+        [sys.executable, "-m", "roseinfer.cli.run", "profile", "--cudagraph-mode", "FULL",
+         "--output", str(tmp_path / "p.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "FULL_DECODE_ONLY" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

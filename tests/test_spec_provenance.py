@@ -214,6 +214,32 @@ def test_the_recorded_h100_constants_are_the_fit_of_the_shipped_profiles():
     )
 
 
+@pytest.mark.skipif(not (RESULTS / "h100-2026-11-26").is_dir(), reason="no shipped H100 results")
+def test_the_recorded_h100_step_ratios_are_the_shipped_profiles_eager_repetitions():
+    """``calibration/measured_jitter.json`` holds the eager repetitions of the
+    profiles its entry names (the fitted ones), as ``fit_device_spec.py
+    --write-specs`` writes them; the built-in spec carries them, the datasheet
+    specs none; a rewrite replaces one device's entry and keeps the others."""
+    import json
+
+    sys.path.insert(0, str(RESULTS.parents[1]))
+    from fit_device_spec import load_steps
+
+    from roseinfer.calibration.roofline_fit import eager_step_ratios, replace_measured_jitter
+    from roseinfer.calibration.specs import MEASURED_JITTER_FILE, get_device_spec
+
+    doc = json.loads(MEASURED_JITTER_FILE.read_text())
+    root = RESULTS.parents[2]
+    sources = doc["h100-sxm"]["source"].split()
+    assert sources == MEASURED["h100-sxm"].provenance.source.split()[:2]
+    fitted, _ = load_steps([root / name for name in sources])
+    ratios = eager_step_ratios([s for _, samples in fitted for s in samples])
+    assert ratios == get_device_spec("h100-sxm").eager_step_ratios and len(ratios) > 100
+    assert get_device_spec("a100").eager_step_ratios == ()
+    again = replace_measured_jitter({"h200": {"eager": []}, **doc}, "h100-sxm", sources[0], ())
+    assert list(again) == ["h200"]
+
+
 def test_a_measurement_is_recorded_in_the_specs_source():
     from pathlib import Path
 

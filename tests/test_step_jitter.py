@@ -137,7 +137,7 @@ def test_rose_sim_step_jitter_flag(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     make_profile(spiky_samples()).save(path)
     durations, sources = {}, {}
-    for mode in ("profile", "off"):
+    for mode in ("profile", "measured", "off"):
         out = tmp_path / f"{mode}.json"
         cmd = [sys.executable, "-m", "roseinfer.cli.sim", "--cost-model", str(path),
                "--workload", "synthetic", "--num-requests", "30", "--prompt-tokens", "64",
@@ -146,7 +146,7 @@ def test_rose_sim_step_jitter_flag(tmp_path: Path) -> None:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         doc = json.loads(out.read_text())
         durations[mode], sources[mode] = doc["duration"], doc["cost_model_source"]
-    assert durations["profile"] > durations["off"]
+    assert durations["profile"] == durations["measured"] > durations["off"]
     assert "step jitter of" in sources["profile"] and "step jitter" not in sources["off"]
 
 
@@ -190,3 +190,96 @@ def test_jumps_stay_exact_with_jitter_in_a_cluster(tmp_path: Path) -> None:
         docs[mode] = json.loads(out.read_text())
     for key in ("duration", "p99_ttft_ms", "p99_itl_ms", "mean_e2el_ms"):
         assert docs["jump"][key] == docs["no-jump"][key], key
+
+
+@settings(max_examples=40, deadline=None)
+@given(step=st.integers(0, 3 * CHUNK_STEPS), seed=st.integers(0, 3), pick=st.integers(0, 10**6))
+def test_one_step_lookup_equals_the_array_one_on_pool_boundaries(
+    step: int, seed: int, pick: int
+) -> None:
+    """:meth:`StepJitter.factor` (no numpy) and :meth:`StepJitter.factors` pick the
+    same ratio, also for times exactly on a boundary between two pools."""
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES + MIDDLE, graphs=True)
+    assert base is not None
+    jitter = StepJitter(base.eager, base.graph, seed)
+    bounds = [float(t) for pools in jitter._pools.values() for t in pools.thresholds]
+    rng = np.random.default_rng(pick)
+    times = [*bounds, *(b * (1 + 1e-16) for b in bounds), *rng.uniform(0.001, 0.2, 8)]
+    for eager in (True, False):
+        whole = jitter.factors(step, np.full(len(times), eager), np.array(times))
+        for i, t in enumerate(times):
+            assert jitter.factor(step + i, eager, t) == whole[i]
+
+
+MIDDLE = [(512.0, 2.0, (0.020, 0.022, 0.020, 0.025)) for _ in range(5)]
+
+
+def test_an_eager_only_jitter_leaves_graph_decodes_at_their_median() -> None:
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, graphs=True)
+    assert base is not None
+    jitter = StepJitter(base.eager, (), eager_only=True)
+    n = 400
+    times = np.full(n, 0.01)
+    assert np.all(jitter.factors(0, np.zeros(n, bool), times) == 1.0)
+    assert jitter.factor(7, False, 0.01) == 1.0
+    eager = jitter.factors(0, np.ones(n, bool), times)
+    assert np.array_equal(eager, base.factors(0, np.ones(n, bool), times))
+    assert np.array_equal(
+        jitter.mean_factors(np.array([False, True]), np.array([0.01, 0.01])),
+        [1.0, base.mean_factors(np.array([True]), np.array([0.01]))[0]],
+    )
+    assert "graph decodes at medians" in jitter.summary()
+    with pytest.raises(ValueError, match="eager-only"):
+        StepJitter(base.eager, base.graph, eager_only=True)
+
+
+def test_the_measured_h100_roofline_jitters_its_eager_steps_on_request() -> None:
+    """h100-sxm carries its fitted profiles' eager repetitions: with them, prefill
+    steps draw factors and decode runs inside the CUDA-graph sizes keep their
+    roofline time; by default, and for a datasheet spec, every step is at its
+    roofline time; the source says which."""
+    from roseinfer.calibration.specs import MEASURED_JITTER_FILE
+    from roseinfer.simulator import make_cost_model
+
+    medians = make_cost_model("llama-3.1-8b", "h100-sxm")
+    cost = medians.with_step_jitter()
+    assert MEASURED_JITTER_FILE.exists() and cost.jitter is not None
+    assert cost.jitter.eager_only and "eager step jitter of" in cost.source
+    assert make_cost_model("llama-3.1-8b", "a100").with_step_jitter().jitter is None
+    assert medians.jitter is None and "jitter" not in medians.source  # the copy left it
+    decodes = synthetic(num_requests=8, prompt_tokens=64, output_tokens=200, submit_interval_s=0)
+    config = SchedulerConfig(num_kv_blocks=4000, max_model_len=4096, max_num_seqs=64)
+    jittered, plain = simulate(decodes, config, cost), simulate(decodes, config, medians)
+    first = np.asarray(plain.records["first_token_s"])
+    shift = np.asarray(jittered.records["first_token_s"]) - first
+    # one prefill step, then decodes at their roofline time: every later token
+    # moves by exactly what the prefill's factor moved the first one
+    assert np.allclose(
+        np.asarray(jittered.records["finish_s"]) - np.asarray(plain.records["finish_s"]), shift
+    )
+    reqs = synthetic(num_requests=60, prompt_tokens=300, output_tokens=20, submit_interval_s=0.02)
+    assert simulate(reqs, config, cost).duration_s != simulate(reqs, config, medians).duration_s
+
+
+def test_eager_decode_runs_jump_exactly_with_a_measured_roofline(tmp_path: Path) -> None:
+    """Decode batches past the largest CUDA-graph size run eagerly, so the roofline
+    jitters them: planned as one run or step by step, on the compiled core or the
+    pure-Python one, the same run."""
+    import os
+
+    from roseinfer import _core
+
+    docs = {}
+    for mode in ("jump", "no-jump", "pure"):
+        out = tmp_path / f"{mode}.json"
+        cmd = [sys.executable, "-m", "roseinfer.cli.sim", "--workload", "synthetic",
+               "--num-requests", "320", "--prompt-tokens", "16", "--output-tokens", "40",
+               "--request-rate", "inf", "--max-num-seqs", "320", "--step-jitter", "measured",
+               "--quiet", "--no-summary",
+               "--save-result", str(out), *(["--no-jump"] if mode == "no-jump" else [])]  # fmt: skip
+        env = {**os.environ, _core.PURE_ENV: "1"} if mode == "pure" else None
+        subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+        docs[mode] = json.loads(out.read_text())
+    assert "eager step jitter" in docs["jump"]["cost_model_source"]
+    for key in ("duration", "p99_ttft_ms", "p99_itl_ms", "mean_e2el_ms", "p50_tpot_ms"):
+        assert docs["jump"][key] == docs["no-jump"][key] == docs["pure"][key], key

@@ -2,7 +2,8 @@
 
 Simulates the run's requests with rose-sim's own flags (everything after ``--``) once per
 cost model: the built-in ``--hardware`` spec as it stands (measured where ``calibration/specs.py``
-records a measurement), the same spec with its datasheet constants, and each ``--calibration``
+records a measurement; also with its measured eager step jitter, ``--step-jitter measured``),
+the same spec with its datasheet constants, and each ``--calibration``
 file (a profile or a step log, as ``rose-sim --cost-model``; ``A,B`` pools them, and a profile
 with repetitions is priced with and without its step jitter). Prints, per cost model, the signed
 error ``sim / real - 1`` of duration, output throughput and p50/p99 TTFT, TPOT, ITL and E2EL.
@@ -40,8 +41,12 @@ METRICS = ("duration", "output_throughput") + tuple(
 
 
 def cost_models(base: CostModel, calibrations: Sequence[str]) -> dict[str, CostModel]:
-    """The built-in spec, its datasheet constants, and each calibration file, by label."""
+    """The built-in spec (and with its measured eager step jitter, when it has
+    one), its datasheet constants, and each calibration file, by label."""
     out: dict[str, CostModel] = {base.source: base}
+    if isinstance(base, RooflineCostModel) and base.with_step_jitter().jitter is not None:
+        jittered = base.with_step_jitter()
+        out[jittered.source + " (--step-jitter measured)"] = jittered
     if isinstance(base, RooflineCostModel) and base.device.name in DATASHEET_DEVICES:
         datasheet = DATASHEET_DEVICES[base.device.name]
         if datasheet != base.device:
