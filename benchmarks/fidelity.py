@@ -51,6 +51,7 @@ from roseinfer import workloads  # noqa: E402
 from roseinfer.calibration import Profile, load_profile  # noqa: E402
 from roseinfer.calibration.cost_model import (  # noqa: E402
     CostModel,
+    RooflineCostModel,
     cost_model_source,
     make_cost_model,
 )
@@ -111,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the serving grid's token budget B (default 2048)")  # fmt: skip
     p.add_argument("--roofline", metavar="SPEC",
                    help="also price every case with the built-in roofline of --model on this "
-                   "hardware (e.g. h100-sxm), against the same real runs: a second report")  # fmt: skip
+                   "hardware (e.g. h100-sxm), against the same real runs: a second report, "
+                   "and a third with its measured eager step jitter when the spec has one "
+                   "(--step-jitter measured)")  # fmt: skip
     p.add_argument("--time-budget-s", type=float,
                    help="cut --num-requests (never combinations) so that the real runs, as "
                    "the simulator prices them, fit this many seconds")  # fmt: skip
@@ -323,6 +326,8 @@ def main() -> int:
     cost_model, base = calibration.cost_model(), base_config(profile, args)
     spec = loaded.spec
     roofline = make_cost_model(spec, args.roofline, spec.dtype_bytes) if args.roofline else None
+    jittered = roofline.with_step_jitter() if isinstance(roofline, RooflineCostModel) else None
+    jittered = jittered if jittered is not None and jittered.jitter is not None else None
     combos = choose_combinations(args, base)
     slices = fit_time_budget(args, int(hf_config.vocab_size), base, combos, cost_model)
     real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)
@@ -344,6 +349,13 @@ def main() -> int:
             )
             if by_roofline is not None:
                 md += report_md(by_roofline, cost_model_source(roofline))
+            by_jittered = (
+                None if jittered is None else reprice(args, timed, combos, report, jittered)
+            )
+            if by_jittered is not None:
+                md += report_md(
+                    by_jittered, cost_model_source(jittered) + " (--step-jitter measured)"
+                )
             medians = getattr(cost_model, "jitter", None) and cost_model.without_jitter()
             by_medians = None if not medians else reprice(args, timed, combos, report, medians)
             if by_medians is not None:
@@ -355,6 +367,8 @@ def main() -> int:
                           **report.to_json(),
                           "leave_one_out": None if loo is None else loo.to_json(),
                           "roofline": None if by_roofline is None else by_roofline.to_json(),
+                          "roofline_step_jitter":
+                              None if by_jittered is None else by_jittered.to_json(),
                           "medians": None if by_medians is None else by_medians.to_json()})  # fmt: skip
             doc = _doc(args, [cost_model, roofline], facts_before, start, cases)
             write_outputs(args.output, doc, md)

@@ -28,3 +28,16 @@ def test_gpu_throughput_small_on_cpu_prints_one_table():
     assert "floor of its steps (cpu)" in out and "hf-cb" in out
     assert "decode 4 x ctx 64" in out and "prefill 2 x 64" in out
     assert "planning" in out and "/ hf-cb on a-sub" in out
+
+
+def test_the_step_table_alone_is_a_quick_a_b():
+    """``--workloads ''`` serves nothing: the step table only (every backend's row
+    of each step, the short prompt alone and beside decodes among them)."""
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny-llama", "--device", "cpu", "--small",
+         "--workloads", "", "--backends", "sdpa,sdpa:eager"],
+        capture_output=True, text=True, timeout=600, cwd=SCRIPT.parent, check=True,
+    ).stdout  # fmt: skip
+    assert "roseinfer-sdpa" in out and "hf-cb" not in out
+    assert "prefill 1 x 24" in out and "mixed 2 x ctx 64 + 1 x 24" in out
+    assert not any(line.split()[:1] == ["a"] for line in out.splitlines())

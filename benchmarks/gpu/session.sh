@@ -9,6 +9,8 @@
 # A device call brings back at most 8 files from $OUT, so every stage writes into a work
 # folder, and results.tgz in $OUT is rewritten after each stage: a call cut short still brings
 # back what finished. log.txt holds everything printed.
+# STAGES="full" is the A/B of --cudagraph-mode FULL: its CUDA test, then the step table and
+# workload (b) with and without it (about 5 minutes).
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
 set -uo pipefail
@@ -43,6 +45,9 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
       fit) stage fit 330 env OUT="$work" bash benchmarks/gpu/fit_h100.sh ;;
       tests) stage tests 120 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py \
         tests/test_layer_kernels.py tests/test_triton_attention.py ;;
+      full) stage full-test 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k full_mode
+        stage full-ab 240 sh -c "cd benchmarks && python3 gpu_throughput.py --backends \
+          triton,triton:full --no-hf --workloads b > '$work/full-ab.txt' 2>&1" ;;
       *) echo "unknown stage $s" ;;
     esac
   done
