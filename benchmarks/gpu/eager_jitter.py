@@ -21,6 +21,7 @@ stretch with the host time grown with it is a slow launch loop on the CPU, one w
 the device. ``--output`` writes every step as JSON.
 
     python benchmarks/gpu/eager_jitter.py --output eager-jitter.json          # on the GPU
+    python benchmarks/gpu/eager_jitter.py --cudagraph-mode FULL --output full-jitter.json
     python benchmarks/gpu/eager_jitter.py --model tiny-llama --device cpu --steps 6 --small
 """
 
@@ -53,6 +54,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-ms", type=float, default=20.0)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--cudagraph-mode", choices=("FULL_DECODE_ONLY", "FULL"),
+                   default="FULL_DECODE_ONLY",
+                   help="FULL replays the prefills from graphs (rose-run's flag): whether "
+                   "replayed prefills still stretch")  # fmt: skip
     p.add_argument("--small", action="store_true", help="tiny limits for a CPU check")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
@@ -76,7 +81,8 @@ def build(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     config = SchedulerConfig(num_kv_blocks=size.num_blocks, max_num_seqs=args.max_num_seqs,
                              max_model_len=args.max_model_len,
                              max_num_batched_tokens=max(args.max_model_len, 2048))  # fmt: skip
-    built = builder.build_runner(loaded, config, size)
+    choice = builder.RunnerChoice(cudagraph_mode=args.cudagraph_mode)
+    built = builder.build_runner(loaded, config, size, choice)
     builder.warm_up(built.runner, built.config)
     return built.runner
 
