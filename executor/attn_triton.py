@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from .attn_base import AttentionBackend, pow2_at_least
-from .graph_runner import DEFAULT_CAPTURE_LIMIT, capture_sizes, padded_size
+from .graph_runner import DEFAULT_CAPTURE_LIMIT, MIXED_QUERY_LEN, capture_sizes, padded_size
 from .input_batch import StepBatch
 
 DECODE_ROWS, PREFILL_ROWS, LONG_PREFILL_ROWS = 16, 64, 128  # query rows per program
@@ -162,7 +162,7 @@ class TritonBackend(AttentionBackend):
         padded to ``ceil(num_tokens / block_q) + num_seqs`` (a bound on any pass
         of that many tokens and rows) with blocks of the last (padding) sequence
         that start past its queries and so compute nothing."""
-        block_q = self.block_q(2)
+        block_q = self.block_q(MIXED_QUERY_LEN)  # the static batch's: one launch shape
         seq, start = query_blocks(query_lens, block_q)
         capacity = -(-num_tokens // block_q) + num_seqs
         pad = capacity - len(seq)

@@ -213,3 +213,26 @@ def test_full_mode_replays_small_prefill_and_mixed_passes(monkeypatch):
     assert default.mixed_graph_max_tokens == 0 and default.graphs.mixed_sizes == []
     with pytest.raises(ValueError, match="cudagraph_mode"):
         runner_for(model, cudagraph_mode="PIECEWISE")
+
+
+@needs_triton
+def test_triton_pads_a_mixed_pass_query_blocks_to_a_count_fixed_by_its_size():
+    """Query blocks of a padded mixed pass: the real ones, then blocks of the last
+    (padding) sequence starting past every query, up to ceil(tokens / block_q) +
+    rows whatever the lengths; more sequences than rows are refused."""
+    from roseinfer.executor.attn_triton import TritonBackend, query_blocks
+
+    backend = TritonBackend(8, 2, torch.device("cpu"))  # 4 query heads per KV head
+    block_q = backend.block_q(2)
+    for lens in ([3, 1, 4], [16], [1, 1, 1, 13]):
+        q = np.array(lens, np.int64)
+        fields = backend.graph_host_fields(q, 16, 5)
+        seq, start = query_blocks(q, block_q)
+        capacity = -(-16 // block_q) + 5
+        assert len(fields["q_block_seq"]) == len(fields["q_block_start"]) == capacity
+        assert fields["q_block_seq"][: len(seq)].tolist() == seq.tolist()
+        assert fields["q_block_start"][: len(seq)].tolist() == start.tolist()
+        assert set(fields["q_block_seq"][len(seq) :].tolist()) <= {len(lens) - 1}
+        assert set(fields["q_block_start"][len(seq) :].tolist()) <= {16}
+    with pytest.raises(ValueError, match="do not fit"):
+        backend.graph_host_fields(np.ones(6, np.int64), 16, 5)
