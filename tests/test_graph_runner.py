@@ -236,3 +236,50 @@ def test_triton_pads_a_mixed_pass_query_blocks_to_a_count_fixed_by_its_size():
         assert set(fields["q_block_start"][len(seq) :].tolist()) <= {16}
     with pytest.raises(ValueError, match="do not fit"):
         backend.graph_host_fields(np.ones(6, np.int64), 16, 5)
+
+
+@needs_triton
+def test_any_small_pass_replays_as_it_runs_eagerly():
+    """Random passes of up to 24 tokens, each sequence a fresh prompt, a chunk over
+    a cached prefix or a decode, run through the FULL-mode static path and eagerly
+    over the same cache: the same logits and the same cache after (the padding
+    sequence and its query blocks change nothing)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    model = tiny("tiny-llama").to(DEVICE)
+    eager = runner_for(model, enforce_eager=True)
+    full = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=24)
+    full.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    assert full.graphs is not None
+    piece = st.tuples(st.integers(0, 12), st.integers(1, 8))  # (cached prefix, new tokens)
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(pieces=st.lists(piece, min_size=1, max_size=4), seed=st.integers(0, 99))
+    def check(pieces: list[tuple[int, int]], seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        steps = []
+        for i, (cached, new) in enumerate(pieces):
+            table = list(range(i * 10, i * 10 + 10))
+            tokens = rng.integers(0, 100, cached + new).tolist()
+            steps.append((SeqInput(tokens[:cached], 0, table) if cached else None,
+                          SeqInput(tokens[cached:], cached, table)))  # fmt: skip
+        for runner in (eager, full):
+            runner.kv_cache.zero_()
+            prefixes = [p for p, _ in steps if p is not None]
+            if prefixes:
+                runner.forward(prefixes)
+        used = []
+        real = full.graphs.run_mixed
+        full.graphs.run_mixed = lambda b: used.append(b.num_tokens) or real(b)
+        try:
+            replayed = full.forward([s for _, s in steps])
+        finally:
+            full.graphs.run_mixed = real
+        expected = eager.forward([s for _, s in steps])
+        assert torch.allclose(replayed, expected, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(full.kv_cache, eager.kv_cache, atol=1e-5)
+        if any(new > 1 for _, new in pieces):  # a decode-only batch takes the decode graphs
+            assert used
+
+    check()
