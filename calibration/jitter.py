@@ -126,7 +126,7 @@ class StepJitter:
         seed: of the factors.
         eager_only: graph-replayed decodes keep their median (factor 1.0; ``graph``
             must be empty): a measured roofline carries only the eager spread
-            (see :data:`~roseinfer.calibration.specs.MEASURED`).
+            (:data:`~roseinfer.calibration.specs.MEASURED_JITTER_FILE`).
     """
 
     eager: tuple[tuple[float, tuple[float, ...]], ...]
