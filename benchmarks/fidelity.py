@@ -327,7 +327,7 @@ def main() -> int:
     spec = loaded.spec
     roofline = make_cost_model(spec, args.roofline, spec.dtype_bytes) if args.roofline else None
     jittered = roofline.with_step_jitter() if isinstance(roofline, RooflineCostModel) else None
-    jittered = jittered if jittered is not None and jittered.jitter is not None else None
+    jittered = None if jittered is None or jittered.jitter is None else jittered
     combos = choose_combinations(args, base)
     slices = fit_time_budget(args, int(hf_config.vocab_size), base, combos, cost_model)
     real = ExecutorReplay(model, device=device, dtype=dtype, seed=args.seed)

@@ -45,7 +45,7 @@ cdef class CostModelBackend:
                                        double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(roofline=_Roofline, num_seqs=double, context=double, num_steps=Py_ssize_t,
                    first_s=double, ends=list, end_s=double, j=Py_ssize_t, step_context=double,
-                   excess=double, step_s=double, first_step=Py_ssize_t)
+                   excess=double, step_s=double, first_step=Py_ssize_t, eager_run=bint)
     cpdef Py_ssize_t _roofline_run(self, SchedulerOutput out, double now_s,
                                    double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(step_s=double, num_decodes=Py_ssize_t, first_step=Py_ssize_t,

@@ -266,7 +266,8 @@ class CostModelBackend:
         self._run_ends_s = ends
         end_s = now_s
         jitter = self.jitter  # a measured roofline's: eager steps only (decodes past the graphs)
-        if jitter is not None and num_seqs <= _MAX_GRAPH_SEQS and jitter.eager_only:
+        eager_run = num_seqs > _MAX_GRAPH_SEQS
+        if jitter is not None and not eager_run and jitter.eager_only:
             jitter = None
         first_step = self.step_index
         for j in range(num_steps):
@@ -275,9 +276,7 @@ class CostModelBackend:
                 num_seqs, num_seqs, step_context, step_context, num_seqs, excess
             )
             if jitter is not None:
-                step_s = step_s * jitter.factor(
-                    first_step + j, num_seqs > _MAX_GRAPH_SEQS, step_s, self.stream
-                )
+                step_s = step_s * jitter.factor(first_step + j, eager_run, step_s, self.stream)
             end_s += step_s
             ends.append(end_s)
             if end_s >= next_arrival_s:

@@ -44,8 +44,8 @@ def cost_models(base: CostModel, calibrations: Sequence[str]) -> dict[str, CostM
     """The built-in spec (and with its measured eager step jitter, when it has
     one), its datasheet constants, and each calibration file, by label."""
     out: dict[str, CostModel] = {base.source: base}
-    if isinstance(base, RooflineCostModel) and base.with_step_jitter().jitter is not None:
-        jittered = base.with_step_jitter()
+    jittered = base.with_step_jitter() if isinstance(base, RooflineCostModel) else None
+    if jittered is not None and jittered.jitter is not None:
         out[jittered.source + " (--step-jitter measured)"] = jittered
     if isinstance(base, RooflineCostModel) and base.device.name in DATASHEET_DEVICES:
         datasheet = DATASHEET_DEVICES[base.device.name]
