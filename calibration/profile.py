@@ -19,7 +19,8 @@ Two models come out of one profile:
   and the roofline's FLOP terms (see ``roseinfer.calibration.cost_model``); the
   token hinges let the fit bend from the weight-streaming (flat) to the
   compute-bound (linear) regime, as a roofline does. A piecewise-linear
-  interpolation of the samples (LLMServingSim's method) is fitted as well;
+  interpolation of the samples (LLMServingSim's method; of their ratios to the
+  linear model when it has the CUDA terms) is fitted as well;
   the candidate with the lowest held-out error is kept (:func:`fit_step_model`).
 * the calibrated roofline (:func:`calibrate_roofline`): the same samples fit
   the roofline's device constants (achievable FLOP/s, achievable bandwidth,

@@ -312,49 +312,81 @@ def _features(
 
 @dataclass(frozen=True)
 class InterpolatedStepModel:
-    """Piecewise-linear interpolation of the samples (LLMServingSim's method).
+    """Piecewise-linear interpolation of the samples (LLMServingSim's method), of
+    their times, or of their ratios to a linear model with the :data:`GPU_TERMS`.
 
-    Over three axes that carry most of a step's cost: prefill tokens, decode
-    sequences and context tokens attended (prefill + decode), so a prefill and a
-    decode batch never share a point; each axis is scaled to [0, 1] by its
-    largest sample, and values are interpolated linearly (not in log space:
-    LLMServingSim found log-space interpolation over-predicts by 9-14%) on a
-    Delaunay triangulation. Shapes outside the samples' hull take ``fallback``.
+    The interpolation runs over three axes that carry most of a step's cost:
+    prefill tokens, decode sequences and context tokens attended (prefill +
+    decode), so a prefill and a decode batch never share a point; each axis is
+    scaled to [0, 1] by its largest sample, and values are interpolated
+    linearly (not in log space: LLMServingSim found log-space interpolation
+    over-predicts by 9-14%) on a Delaunay triangulation. Shapes outside the
+    samples' hull take ``fallback``'s price.
+
+    When ``fallback`` has the GPU terms (a profile of a CUDA-graph executor),
+    what is interpolated is each sample's time over ``fallback``'s price of the
+    same shape, and a prediction is ``fallback``'s price times the interpolated
+    ratio: exact at a sample, like an interpolation of the times, but what the
+    three axes cannot see (the longest decode context, eager launches) stays with
+    the linear terms instead of leaking from a sample to its neighbours. On one
+    H100, interpolating the times priced the evenly spread decode batches of
+    ``20-gpu-fidelity``'s runs at 60% load above the runs, because the profile's
+    served run put skewed, slower decode batches at the same coordinates: p50
+    TPOT +16% / +18% against the real runs, +3% / +5% with ratios
+    (``benchmarks/gpu/results/h100-2026-11-27-checks``). Without GPU terms the
+    linear basis sees nothing the axes miss, and the times are interpolated: a
+    CPU step log of prefill-only and decode-only steps priced another policy's
+    mixed steps closer that way (GPT-2 with 4 layers, 60 Azure conv requests at
+    60% load, ``benchmarks/fidelity.py``'s case: p50 TPOT 131 ms simulated with
+    times, 168 ms with ratios, about 104 ms measured).
 
     Attributes:
         name: ``interp``.
-        points: ``[n, 3]`` sample coordinates; values_s: ``[n]`` seconds.
-        fallback: the linear model used outside the hull.
+        points: ``[n, 3]`` sample coordinates; values: ``[n]`` seconds, or ratios
+            to ``fallback`` when :attr:`relative` (mean per point).
+        fallback: the linear model outside the hull (and the ratios' base).
     """
 
     name: str
     points: np.ndarray
-    values_s: np.ndarray
+    values: np.ndarray
     fallback: LinearStepModel
 
     def __post_init__(self) -> None:
         from scipy.interpolate import LinearNDInterpolator
 
-        scale = self.points.max(axis=0)
+        scale = self.points.max(axis=0) if len(self.points) else np.ones(3)
         scale[scale == 0] = 1.0
         object.__setattr__(self, "_scale", scale)
         try:
-            interp = LinearNDInterpolator(self.points / scale, self.values_s, rescale=False)
+            interp = LinearNDInterpolator(self.points / scale, self.values, rescale=False)
         except Exception:  # noqa: BLE001 -- Qhull: too few or degenerate (coplanar) samples
             interp = None
         object.__setattr__(self, "_interp", interp)
+
+    @property
+    def relative(self) -> bool:
+        """Whether the values are ratios to ``fallback`` (it has the GPU terms)."""
+        return self.fallback.decode_spread_seqs > 0
 
     @classmethod
     def of_samples(
         cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, fallback: LinearStepModel
     ) -> InterpolatedStepModel:
-        """The interpolation of samples ``[n, len(BASIS_TERMS)]`` and their seconds:
-        one point per distinct coordinate, holding the mean of its samples. Gross
-        outliers against ``fallback`` (:func:`outliers`) are left out: a point's
-        mean has no other way to ignore a pause of the machine."""
+        """The interpolation of samples ``[n, len(AGGREGATES)]`` and their seconds:
+        one point per distinct coordinate, holding the mean of its samples' times
+        (or ratios, see the class). Gross outliers against ``fallback``
+        (:func:`outliers`) are left out, and shapes it prices at zero when the
+        values are ratios: a point's mean has no other way to ignore a pause of
+        the machine."""
         keep = ~outliers(fallback, aggregates, targets_s)
-        points, values = _mean_per_point(cls.coordinates(aggregates[keep]), targets_s[keep])
-        return cls(name, points, values, fallback)
+        values = targets_s
+        if fallback.decode_spread_seqs > 0:
+            base = fallback.predict(aggregates)
+            keep &= base > 0
+            values = targets_s / np.where(base > 0, base, 1.0)
+        points, means = _mean_per_point(cls.coordinates(aggregates[keep]), values[keep])
+        return cls(name, points, means, fallback)
 
     @staticmethod
     def coordinates(aggregates: np.ndarray) -> np.ndarray:
@@ -364,12 +396,15 @@ class InterpolatedStepModel:
         return np.column_stack([prefill_tokens, decodes, aggregates[:, 4] + aggregates[:, 6]])
 
     def predict(self, aggregates: np.ndarray) -> np.ndarray:
-        """Seconds of each row of ``aggregates``; the fallback outside the hull."""
+        """Seconds of each row of ``aggregates``; ``fallback``'s price outside the hull."""
         interp = self._interp  # type: ignore[attr-defined]
         if interp is None:
             return self.fallback.predict(aggregates)
         values = interp(self.coordinates(aggregates) / self._scale)  # type: ignore[attr-defined]
         outside = np.isnan(values)
+        if self.relative:
+            base = self.fallback.predict(aggregates)
+            return np.asarray(base * np.where(outside, 1.0, values), dtype=np.float64)
         if outside.any():
             values[outside] = self.fallback.predict(aggregates[outside])
         return np.asarray(values, dtype=np.float64)
@@ -377,7 +412,8 @@ class InterpolatedStepModel:
     def to_json(self) -> dict[str, Any]:
         """Fit description for PROFILE.json (the samples themselves are the model)."""
         axes = ["prefill_tokens", "decode_seqs", "context_tokens"]
-        return {"kind": "interp", "name": self.name, "axes": axes}
+        values = "ratio to fallback" if self.relative else "seconds"
+        return {"kind": "interp", "name": self.name, "axes": axes, "values": values}
 
 
 StepModel = LinearStepModel | InterpolatedStepModel

@@ -447,6 +447,46 @@ def test_a_gpu_profile_fits_the_eager_launches_and_the_decode_tail() -> None:
     assert run.tolist() == one_by_one  # the jump over a decode run prices it bit for bit
 
 
+def test_the_interpolation_leaves_the_decode_tail_to_the_linear_terms() -> None:
+    """Before: the interpolation averaged sample times over (prefill tokens, decode
+    sequences, context tokens), axes blind to the longest context, so skewed decode
+    batches (a served run's) priced the uniform batches around them high, as on one
+    H100 (+13% on a check's uniform decodes). It now interpolates each sample's
+    ratio to the linear model, whose GPU terms price the tail."""
+    from roseinfer.calibration.step_model import InterpolatedStepModel
+
+    def price(shape: BatchShape) -> float:  # gpu_price's tail, 20x: ~20% on a skewed batch
+        t = shape.totals()
+        excess = t.num_seqs * t.decode_max_context - t.decode_context_tokens
+        return linear_price(shape) + 2e-5 * excess / max(t.num_seqs, 66)
+
+    rng = np.random.default_rng(0)
+    shapes = []
+    for n in (8, 16, 24, 32, 40, 48, 56, 64):
+        for context in (256, 1024, 4096):
+            shapes.append(BatchShape.decode([context] * n))
+            skewed = rng.integers(context // 4, context, n)  # a served run's batch: one long
+            skewed[0] = 4 * context
+            shapes.append(BatchShape.decode(skewed))
+    for tokens in (64, 512, 2048):  # prefills and mixed steps: a hull with volume
+        shapes.append(BatchShape([tokens], [tokens], []))
+        shapes.append(BatchShape([tokens], [tokens], [4096] * 64))
+    samples = [ProfileSample("decode", s, (price(s),)) for s in shapes]
+    fit = fit_step_model(samples, decode_spread_seqs=66.0, use="interp")
+    assert isinstance(fit.model, InterpolatedStepModel)
+    cost = ProfiledCostModel(fit.model, "t")
+    uniform = [BatchShape.decode([c] * n) for n in (12, 20, 36, 44, 60) for c in (600, 2000)]
+    errors = [abs(cost.step_time_s(s) / price(s) - 1) for s in uniform]
+    assert max(errors) < 0.005, max(errors)
+    for s in shapes:  # exact at every sample, as an interpolation of the times was
+        assert cost.step_time_s(s) == pytest.approx(price(s), rel=1e-4)
+    cpu = fit_step_model(samples, use="interp").model  # no GPU terms: the times themselves
+    assert isinstance(cpu, InterpolatedStepModel) and fit.model.relative and not cpu.relative
+    assert (
+        max(abs(ProfiledCostModel(cpu, "t").step_time_s(s) / price(s) - 1) for s in uniform) > 0.05
+    )
+
+
 def test_a_gpu_step_model_round_trips_through_json(tmp_path) -> None:
     from roseinfer.calibration.profile import load_profile
 
