@@ -364,10 +364,16 @@ class InterpolatedStepModel:
             interp = None
         object.__setattr__(self, "_interp", interp)
 
+    @staticmethod
+    def interpolates_ratios(fallback: LinearStepModel) -> bool:
+        """Whether an interpolation over ``fallback`` holds ratios to it: when it
+        has the :data:`GPU_TERMS` (see the class)."""
+        return fallback.decode_spread_seqs > 0
+
     @property
     def relative(self) -> bool:
-        """Whether the values are ratios to ``fallback`` (it has the GPU terms)."""
-        return self.fallback.decode_spread_seqs > 0
+        """Whether the values are ratios to ``fallback``."""
+        return self.interpolates_ratios(self.fallback)
 
     @classmethod
     def of_samples(
@@ -381,7 +387,7 @@ class InterpolatedStepModel:
         the machine."""
         keep = ~outliers(fallback, aggregates, targets_s)
         values = targets_s
-        if fallback.decode_spread_seqs > 0:
+        if cls.interpolates_ratios(fallback):
             base = fallback.predict(aggregates)
             keep &= base > 0
             values = targets_s / np.where(base > 0, base, 1.0)
