@@ -41,3 +41,27 @@ def test_the_step_table_alone_is_a_quick_a_b():
     assert "roseinfer-sdpa" in out and "hf-cb" not in out
     assert "prefill 1 x 24" in out and "mixed 2 x ctx 64 + 1 x 24" in out
     assert not any(line.split()[:1] == ["a"] for line in out.splitlines())
+
+
+def test_the_floor_is_the_datasheet_form_at_full_efficiency():
+    """Before: the floor took the measured h100-sxm with its fitted terms (eager
+    launches, KV bandwidth, per-sequence overhead, decode imbalance), so a lone
+    200-token prefill's "floor" was the 10 ms launch roof and steps ran "below" it."""
+    import argparse
+    from unittest.mock import patch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from gpu_throughput import floor_model
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    from roseinfer.calibration.cost_model import BatchShape
+    from roseinfer.calibration.specs import get_model_spec
+
+    spec = get_model_spec("llama-3.1-8b")
+    args = argparse.Namespace(hardware="h100-sxm", floor_peaks="datasheet")
+    with patch("gpu_throughput.model_spec_of", lambda *_: spec):
+        floor = floor_model("llama-3.1-8b", None, None, args)
+    weights_s = spec.streamed_weight_bytes / floor.device.mem_bandwidth
+    prefill = floor.step_time_s(BatchShape([200], [200], []))
+    assert weights_s <= prefill < 1.1 * weights_s, (prefill, weights_s)
