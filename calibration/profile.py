@@ -88,6 +88,7 @@ from roseinfer.calibration.step_model import (
     StepFit,
     StepModel,
     decode_spread_seqs,
+    eager_draws,
     fit_step_model,
     shape_aggregates,
 )
@@ -122,7 +123,8 @@ def _step_model_from_json(doc: Mapping[str, Any], samples: Sequence[ProfileSampl
         targets = np.array([s.target_s for s in samples])
         fallback = _step_model_from_json(doc["fallback"], samples)
         assert isinstance(fallback, LinearStepModel)
-        return InterpolatedStepModel.of_samples(str(doc["name"]), agg, targets, fallback)
+        draws = eager_draws(samples)
+        return InterpolatedStepModel.of_samples(str(doc["name"]), agg, targets, fallback, draws)
     knots = tuple(float(k) for k in doc["token_knots"])
     model = LinearStepModel(str(doc["name"]), knots, (), float(doc.get("decode_spread_seqs", 0.0)))
     coefficients = tuple(float(doc["coefficients"][n]) for n in model.feature_names)

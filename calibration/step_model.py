@@ -340,6 +340,13 @@ class InterpolatedStepModel:
     60% load, ``benchmarks/fidelity.py``'s case: p50 TPOT 131 ms simulated with
     times, 168 ms with ratios, about 104 ms measured).
 
+    A ratio interpolation does not pass through single draws of eager steps (a
+    served run's prefill and mixed steps, timed once): each holds the mean ratio
+    of its :data:`EAGER_DRAW_NEIGHBOURS` nearest such draws. One draw spreads to
+    1.8x its median on an H100 (the profile's jitter, priced apart), and a lone
+    stretched prefill of 1,107 tokens had lifted the profile's price of every
+    1,100-token prompt 11% above its linear model.
+
     Attributes:
         name: ``interp``.
         points: ``[n, 3]`` sample coordinates; values: ``[n]`` seconds, or ratios
@@ -377,20 +384,29 @@ class InterpolatedStepModel:
 
     @classmethod
     def of_samples(
-        cls, name: str, aggregates: np.ndarray, targets_s: np.ndarray, fallback: LinearStepModel
+        cls,
+        name: str,
+        aggregates: np.ndarray,
+        targets_s: np.ndarray,
+        fallback: LinearStepModel,
+        eager_draws: np.ndarray | None = None,
     ) -> InterpolatedStepModel:
         """The interpolation of samples ``[n, len(AGGREGATES)]`` and their seconds:
         one point per distinct coordinate, holding the mean of its samples' times
         (or ratios, see the class). Gross outliers against ``fallback``
         (:func:`outliers`) are left out, and shapes it prices at zero when the
         values are ratios: a point's mean has no other way to ignore a pause of
-        the machine."""
+        the machine. ``eager_draws`` (mask ``[n]``, :func:`eager_draws`) marks the
+        samples whose ratios are averaged over their neighbours (see the class);
+        None averages none. Times (no GPU terms) are never averaged."""
         keep = ~outliers(fallback, aggregates, targets_s)
         values = targets_s
         if cls.interpolates_ratios(fallback):
             base = fallback.predict(aggregates)
             keep &= base > 0
             values = targets_s / np.where(base > 0, base, 1.0)
+            if eager_draws is not None:
+                values = _neighbour_means(cls.coordinates(aggregates), values, eager_draws & keep)
         points, means = _mean_per_point(cls.coordinates(aggregates[keep]), values[keep])
         return cls(name, points, means, fallback)
 
@@ -460,6 +476,37 @@ def outliers(model: LinearStepModel, aggregates: np.ndarray, targets_s: np.ndarr
     return np.abs(rel) > OUTLIER_SIGMAS * _robust_sigma(rel)
 
 
+EAGER_DRAW_NEIGHBOURS = 30
+"""How many eager single draws (:func:`eager_draws`) a ratio interpolation averages
+per draw (:meth:`InterpolatedStepModel.of_samples`).
+
+On the H100 runs of ``20-gpu-fidelity`` of 2026-11-27 (``bash
+benchmarks/gpu/sim_vs_check20.sh``, the profile priced with its jitter), the worst
+p50 error other than the budget run's p50 ITL (decode-only, which no eager draw
+touches) went 5.0% -> 3.6% / 4.9% / 4.7% with 1 (no averaging) -> 15 / 30 / 60
+neighbours, the worst p99 9.4% -> 7.8% / 6.6% / 5.6%; dropping the draws from the
+interpolation instead priced the runs' TTFT 6-9% low (the grid's isolated prefills
+are faster than a served run's)."""
+
+
+def _neighbour_means(points: np.ndarray, values: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """``values`` with each of the ``draws`` (mask ``[n]``) replaced by the mean over
+    its :data:`EAGER_DRAW_NEIGHBOURS` nearest draws (itself included), nearness in
+    ``points`` ``[n, 3]`` scaled to [0, 1] per axis; unchanged with too few draws."""
+    from scipy.spatial import cKDTree
+
+    idx = np.flatnonzero(draws)
+    if idx.size <= EAGER_DRAW_NEIGHBOURS:
+        return values
+    scale = points[idx].max(axis=0)
+    scale[scale == 0] = 1.0
+    scaled = points[idx] / scale
+    _, nearest = cKDTree(scaled).query(scaled, k=EAGER_DRAW_NEIGHBOURS)
+    out = values.copy()
+    out[idx] = values[idx][nearest].mean(axis=1)
+    return out
+
+
 def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One point per distinct coordinate, holding the mean of its values (a step
     log repeats a shape many times; an interpolation needs one value per point,
@@ -471,7 +518,7 @@ def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarra
     return unique, sums / counts
 
 
-CandidateFit = Callable[[np.ndarray, np.ndarray], StepModel]
+CandidateFit = Callable[[np.ndarray, np.ndarray, np.ndarray], StepModel]
 
 
 def _candidates(max_tokens: float, decode_spread_seqs: float = 0.0) -> dict[str, CandidateFit]:
@@ -481,15 +528,15 @@ def _candidates(max_tokens: float, decode_spread_seqs: float = 0.0) -> dict[str,
         sorted({round(f * max_tokens) for f in TOKEN_KNOT_FRACTIONS if f * max_tokens > 1})
     )
 
-    def linear(agg: np.ndarray, y: np.ndarray) -> StepModel:
+    def linear(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
         return LinearStepModel.fit("linear", agg, y, (), decode_spread_seqs)
 
-    def hinge(agg: np.ndarray, y: np.ndarray) -> StepModel:
+    def hinge(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
         return LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
 
-    def interp(agg: np.ndarray, y: np.ndarray) -> StepModel:
+    def interp(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
         fallback = LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
-        return InterpolatedStepModel.of_samples("interp", agg, y, fallback)
+        return InterpolatedStepModel.of_samples("interp", agg, y, fallback, draws)
 
     return {"linear": linear, "hinge": hinge, "interp": interp}
 
@@ -590,13 +637,14 @@ def fit_step_model(
         raise ProfileError(f"a fit needs >= 10 profiled steps, got {len(samples)}")
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])
     targets = np.array([s.target_s for s in samples])
+    draws = eager_draws(samples)
     train, test = _split(len(samples), seed)
     candidates = _candidates(float(agg[:, 2].max()), decode_spread_seqs)
     if use is not None and use not in candidates:
         raise ValueError(f"use must be one of {', '.join(candidates)}, got {use!r}")
     held_out, predicted = {}, {}
     for name, fit in candidates.items():
-        model = fit(agg[train], targets[train])
+        model = fit(agg[train], targets[train], draws[train])
         predicted[name] = model.predict(agg[test])
         held_out[name] = HeldOutError.of(predicted[name], targets[test])
     best = use or _select(held_out)
@@ -605,7 +653,20 @@ def fit_step_model(
     if served.any() and not served.all():
         for group, mask in (("grid", ~served), ("served", served)):
             groups[group] = HeldOutError.of(predicted[best][mask], targets[test][mask])
-    return StepFit(candidates[best](agg, targets), held_out, seed, used=use, held_out_groups=groups)
+    return StepFit(
+        candidates[best](agg, targets, draws), held_out, seed, used=use, held_out_groups=groups
+    )
+
+
+def eager_draws(samples: Sequence[ProfileSample]) -> np.ndarray:
+    """Mask ``[n]`` of the samples timed once that ran eagerly (a served run's or a
+    step log's prefill and mixed steps; :func:`runs_eagerly`)."""
+    out = np.zeros(len(samples), dtype=bool)
+    for i, s in enumerate(samples):
+        if len(s.times_s) == 1:
+            t = s.shape.totals()
+            out[i] = bool(runs_eagerly(t.num_tokens, t.num_seqs))
+    return out
 
 
 def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) -> float:

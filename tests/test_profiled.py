@@ -124,7 +124,8 @@ def test_decode_runs_equal_stepping_bit_for_bit(candidate, monkeypatch):
     samples = samples_from(RooflineCostModel(GPT2, DEVICE).step_time_s, noise=0.02)
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])
     targets = np.array([s.target_s for s in samples])
-    model = profiled._candidates(float(agg[:, 2].max()))[candidate](agg, targets)
+    fit = profiled._candidates(float(agg[:, 2].max()))[candidate]
+    model = fit(agg, targets, profiled.eager_draws(samples))
     cost = ProfiledCostModel(model, "t")
     assert isinstance(cost, CostModel)
     context = np.array([3, 17, 400, 90, 1])
@@ -485,6 +486,41 @@ def test_the_interpolation_leaves_the_decode_tail_to_the_linear_terms() -> None:
     assert (
         max(abs(ProfiledCostModel(cpu, "t").step_time_s(s) / price(s) - 1) for s in uniform) > 0.05
     )
+
+
+def test_a_served_runs_single_eager_draws_are_averaged_not_interpolated() -> None:
+    """Before: the ratio interpolation went through every single draw of a served
+    run's prefills, so one stretched draw lifted its neighbourhood's price (on one
+    H100, 11% on every 1,100-token prompt). Each such draw now holds the mean of its
+    nearest draws' ratios: the level stays, the noise of one draw does not."""
+    from roseinfer.calibration.step_model import (
+        EAGER_DRAW_NEIGHBOURS,
+        InterpolatedStepModel,
+        eager_draws,
+    )
+
+    rng = np.random.default_rng(1)
+    samples = [ProfileSample(k, s, (gpu_price(s),) * 3) for k, s in grid_shapes()]
+    for new in rng.integers(100, 2000, 240):  # a served run's prompts, each timed once
+        shape = BatchShape([int(new)], [int(new)], [])
+        stretch = float(np.exp(0.08 * rng.standard_normal()))
+        samples.append(ProfileSample("served-prefill", shape, (gpu_price(shape) * stretch,)))
+    draws = eager_draws(samples)
+    assert draws.sum() == 240 > EAGER_DRAW_NEIGHBOURS  # the grid's repeated shapes are not draws
+    fit = fit_step_model(samples, decode_spread_seqs=66.0, use="interp")
+    cost = ProfiledCostModel(fit.model, "t")
+    prompts = [BatchShape([n], [n], []) for n in range(150, 1950, 25)]
+    errors = [abs(cost.step_time_s(s) / gpu_price(s) - 1) for s in prompts]
+    assert max(errors) < 0.05, max(errors)
+    model = fit.model
+    assert isinstance(model, InterpolatedStepModel)
+    agg = np.vstack([shape_aggregates(s.shape) for s in samples])
+    times = np.array([s.target_s for s in samples])
+    raw = InterpolatedStepModel.of_samples("interp", agg, times, model.fallback)  # draws as points
+    raw_errors = [
+        abs(ProfiledCostModel(raw, "t").step_time_s(s) / gpu_price(s) - 1) for s in prompts
+    ]
+    assert max(raw_errors) > 2 * max(errors), (max(raw_errors), max(errors))
 
 
 def test_a_gpu_step_model_round_trips_through_json(tmp_path) -> None:
