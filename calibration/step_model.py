@@ -480,13 +480,16 @@ EAGER_DRAW_NEIGHBOURS = 30
 """How many eager single draws (:func:`eager_draws`) a ratio interpolation averages
 per draw (:meth:`InterpolatedStepModel.of_samples`).
 
-On the H100 runs of ``20-gpu-fidelity`` of 2026-11-27 (``bash
-benchmarks/gpu/sim_vs_check20.sh``, the profile priced with its jitter), the worst
-p50 error other than the budget run's p50 ITL (decode-only, which no eager draw
-touches) went 5.0% -> 3.6% / 4.9% / 4.7% with 1 (no averaging) -> 15 / 30 / 60
-neighbours, the worst p99 9.4% -> 7.8% / 6.6% / 5.6%; dropping the draws from the
-interpolation instead priced the runs' TTFT 6-9% low (the grid's isolated prefills
-are faster than a served run's)."""
+On the two H100 runs of ``20-gpu-fidelity`` of 2026-11-27, each priced by its own
+profile under 4 step-jitter seeds (``python benchmarks/gpu/jitter_seeds.py
+benchmarks/gpu/results/h100-2026-11-27-checks
+benchmarks/gpu/results/h100-2026-11-27b-checks --seeds 4 --draw-neighbours 1,30``),
+averaging took the mean |error| of the p50 metrics from 2.49% to 2.15% and of the
+p99 metrics from 3.28% to 2.86%, but one p99 (TTFT of budget at 60% load in the
+second run, set by a few stretched prefills) from -1.5% to -11.2%; 15 and 60
+neighbours did about as well as 30 on the first run. Dropping the draws from the
+interpolation instead priced the first run's TTFT 6-9% low: a served run's
+prefills are slower than the grid's isolated ones."""
 
 
 def _neighbour_means(points: np.ndarray, values: np.ndarray, draws: np.ndarray) -> np.ndarray:
@@ -503,7 +506,7 @@ def _neighbour_means(points: np.ndarray, values: np.ndarray, draws: np.ndarray) 
     scaled = points[idx] / scale
     _, nearest = cKDTree(scaled).query(scaled, k=EAGER_DRAW_NEIGHBOURS)
     out = values.copy()
-    out[idx] = values[idx][nearest].mean(axis=1)
+    out[idx] = values[idx][nearest.reshape(idx.size, -1)].mean(axis=1)
     return out
 
 

@@ -18,6 +18,7 @@ kernels once over persistent buffers and replay them with new contents.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -123,6 +124,23 @@ class AttentionBackend:
         are captured. Returns the seconds spent (0 for backends with nothing to tune).
         """
         return 0.0
+
+    def tune_facts(self) -> dict[str, Any]:
+        """What :meth:`tune`'s choice depends on besides the model, pool and limits
+        (JSON-able; part of the shared cache's key,
+        :mod:`~roseinfer.executor.tune_cache`)."""
+        return {"backend": self.name}
+
+    def tuned_launches(self) -> dict[str, Any]:
+        """The launch options :meth:`tune` chose, JSON-able (``{}``: none); result
+        files record them, and the shared cache stores them."""
+        return {}
+
+    def adopt_launches(self, launches: Mapping[str, Any]) -> bool:
+        """Take launch options :meth:`tuned_launches` gave (another process's, from
+        the shared cache) instead of tuning. Returns False, changing nothing, on
+        anything but a well-formed set (the caller then tunes)."""
+        return False
 
 
 class BackendUnavailable(RuntimeError):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,6 +202,30 @@ class TritonBackend(AttentionBackend):
                     self._choose_segments(k_cache, v_cache, key, num_seqs, context, max_model_len)
         return time.perf_counter() - start
 
+    def tune_facts(self) -> dict[str, Any]:
+        return {"backend": self.name, "num_sms": self.num_sms,
+                "fixed_length_splits": self.fixed_length_splits}  # fmt: skip
+
+    def tuned_launches(self) -> dict[str, Any]:
+        """``launch``: ``[block_q, num_splits, tile_n, num_warps, num_stages]`` per
+        launch kind; ``segments``: ``[block_q, num_splits, fixed splits,
+        split_tiles]`` where fixed-length splits were kept."""
+        if not self.launch:
+            return {}
+        return {
+            "launch": [[*key, *value] for key, value in sorted(self.launch.items())],
+            "segments": [[*key, *value] for key, value in sorted(self.segments.items())],
+        }
+
+    def adopt_launches(self, launches: Mapping[str, Any]) -> bool:
+        launch = _int_rows(launches.get("launch"), 5)
+        segments = _int_rows(launches.get("segments"), 4)
+        if not launch or segments is None:
+            return False
+        self.launch = {(r[0], r[1]): (r[2], r[3], r[4]) for r in launch}
+        self.segments = {(r[0], r[1]): (r[2], r[3]) for r in segments}
+        return True
+
     def _fastest(self, k_cache, v_cache, num_seqs: int, query_len: int, context: int):
         """The fastest candidate on ``num_seqs`` sequences of ``query_len`` new
         tokens over ``context`` tokens each, on consecutive pool blocks (wrapping)."""
@@ -324,6 +349,20 @@ def steady_pick(timed: list[tuple[float, tuple[int, int, int]]]) -> tuple[int, i
         return None
     bar = min(t for t, _ in timed) * (1 + TUNE_MARGIN)
     return next(launch for t, launch in timed if t <= bar)
+
+
+def _int_rows(value: Any, width: int) -> list[tuple[int, ...]] | None:
+    """``value`` as rows of ``width`` positive ints, or None if it is not one."""
+    if not isinstance(value, list):
+        return None
+    rows = []
+    for row in value:
+        if not (isinstance(row, list) and len(row) == width):
+            return None
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in row):
+            return None
+        rows.append(tuple(row))
+    return rows
 
 
 def segment_launch(max_model_len: int, tile_n: int) -> tuple[int, int]:

@@ -203,11 +203,14 @@ def runner_facts(runner: ModelRunner, pool: KVPoolSize) -> dict[str, Any]:
     JSON-ready): attention backend, CUDA graphs (``enforce_eager``, the captured
     sizes, ``cuda_graph_capture_s``: 0 before the warm-up), whether the warm-up's
     tuning kept fixed-length key splits for large decode batches
-    (``attention_fixed_length_splits``, triton), pass size, the pool and where its
+    (``attention_fixed_length_splits``, triton), the launches it chose and where
+    from (``attention_launches``, ``attention_tune_source``), pass size, the pool and where its
     size came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
     facts: dict[str, Any] = {
         "attention_backend": runner.attention_backend,
         "attention_fixed_length_splits": bool(getattr(runner.backend, "segments", None)),
+        "attention_launches": runner.backend.tuned_launches(),
+        "attention_tune_source": runner.attention_tune_source,
         "enforce_eager": runner.enforce_eager,
         "cuda_graph_capture_s": runner.cuda_graph_capture_s,
         "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),

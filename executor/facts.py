@@ -75,7 +75,8 @@ def executor_facts(
     length, how a workload's lengths were fitted), and how its steps ran
     (attention backend, ``enforce_eager``, the decode batch sizes captured as
     CUDA graphs: an eager profile prices a graphed run's decodes too high, and the
-    attention's ``decode_split_programs``, for the step model's GPU terms)."""
+    attention's ``decode_split_programs``, for the step model's GPU terms, and
+    the attention launches the warm-up chose, and where from)."""
     return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
@@ -85,6 +86,8 @@ def executor_facts(
         "cudagraph_mode": runner.cudagraph_mode,
         "cuda_graph_token_sizes": list(runner.graph_token_sizes),
         "decode_split_programs": runner.backend.decode_split_programs,
+        "attention_launches": runner.backend.tuned_launches(),
+        "attention_tune_source": runner.attention_tune_source,
         "num_kv_blocks": config.num_kv_blocks,
         "block_size": config.block_size,
         "kv_cache_bytes": runner.kv_cache_bytes,

@@ -61,6 +61,7 @@ from .kv_cache import KVCache, block_bytes
 from .kv_cache import copy_batches as _copy_batches  # noqa: F401 - re-exported for tests
 from .models import make_adapter
 from .sampler import sample as sample_tokens
+from .tune_cache import load_tuned, store_tuned, tune_cache_path, tune_key
 
 __all__ = ["ATTENTION_BACKENDS", "ModelRunner", "SeqInput", "split_passes"]
 
@@ -177,6 +178,7 @@ class ModelRunner:
         self.graphs: GraphRunner | None = None
         self.cuda_graph_capture_s = 0.0
         self.attention_tune_s = 0.0
+        self.attention_tune_source = "none"  # where the attention launches came from
         self.host_times_s: list[float] | None = None
         self.backend = self._choose_backend(attention_backend)
 
@@ -310,10 +312,19 @@ class ModelRunner:
 
     def tune_attention(self, max_num_seqs: int, max_model_len: int) -> float:
         """Let the attention backend time its launch options on this pool
-        (:meth:`~roseinfer.executor.attn_base.AttentionBackend.tune`); before
-        capturing CUDA graphs, so they replay the chosen launches. Returns the
-        seconds spent (also :attr:`attention_tune_s`; 0 off CUDA)."""
+        (:meth:`~roseinfer.executor.attn_base.AttentionBackend.tune`), or adopt the
+        ones an earlier process chose for the same GPU, software, model shape and
+        limits (:mod:`~roseinfer.executor.tune_cache`); before capturing CUDA
+        graphs, so they replay the chosen launches. Returns the seconds spent (also
+        :attr:`attention_tune_s`; 0 off CUDA). :attr:`attention_tune_source` says
+        where the launches came from."""
         if self.device.type != "cuda":
+            return 0.0
+        path = tune_cache_path()
+        key = tune_key(self._tune_facts(max_num_seqs, max_model_len))
+        cached = load_tuned(path, key) if path is not None else None
+        if cached is not None and self.backend.adopt_launches(cached):
+            self.attention_tune_source = f"cache {path}"
             return 0.0
         with torch.inference_mode():
             spent = self.backend.tune(
@@ -321,7 +332,26 @@ class ModelRunner:
                 max_model_len=max_model_len, max_pass_tokens=self.max_tokens_per_pass,
             )  # fmt: skip
         self.attention_tune_s += spent
+        launches = self.backend.tuned_launches()
+        if launches:
+            self.attention_tune_source = "tuned"
+            if path is not None and store_tuned(path, key, launches):
+                self.attention_tune_source = f"tuned, stored in {path}"
         return spent
+
+    def _tune_facts(self, max_num_seqs: int, max_model_len: int) -> dict[str, Any]:
+        """What the attention tuning depends on (the shared cache's key)."""
+        import triton  # noqa: PLC0415 -- CUDA only, where the triton backend needs it anyway
+
+        s = self.shape
+        return {
+            "gpu": torch.cuda.get_device_name(self.device), "torch": torch.__version__,
+            "triton": triton.__version__, "num_heads": s.num_heads,
+            "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
+            "dtype": str(self.dtype), "block_size": self.block_size,
+            "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+            "max_tokens_per_pass": self.max_tokens_per_pass, **self.backend.tune_facts(),
+        }  # fmt: skip
 
     @property
     def graph_token_sizes(self) -> tuple[int, ...]:

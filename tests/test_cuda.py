@@ -145,9 +145,10 @@ def test_memory_planner_on_the_device():
     assert greedy(runner, prompts, tables, 4) == [hf_greedy(model, p, 4) for p in prompts]
 
 
-def test_tuned_launches_keep_greedy_tokens():
+def test_tuned_launches_keep_greedy_tokens(tmp_path, monkeypatch):
     """The warm-up's launch tuning picks a launch per kind, and graphs captured
     after it still decode transformers' greedy tokens."""
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", str(tmp_path / "tune.json"))  # a fresh cache
     model = tiny("tiny-llama").to(CUDA)
     runner = runner_for(model, num_kv_blocks=256)
     assert runner.tune_attention(max_num_seqs=8, max_model_len=128) > 0
@@ -159,3 +160,25 @@ def test_tuned_launches_keep_greedy_tokens():
     prompts = prompts_of(5, 17, 40)
     tables = [list(range(i * 8, i * 8 + 8)) for i in range(3)]
     assert greedy(runner, prompts, tables, 8) == [hf_greedy(model, p) for p in prompts]
+
+
+def test_a_second_runner_adopts_the_first_ones_launches(tmp_path, monkeypatch):
+    """Two processes on one card could time different launches; the shared cache
+    gives the second runner the first one's, without timing, for the same key."""
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", str(path))
+    model = tiny("tiny-llama").to(CUDA)
+    first = runner_for(model, num_kv_blocks=256)
+    assert first.tune_attention(max_num_seqs=8, max_model_len=128) > 0
+    assert first.attention_tune_source == f"tuned, stored in {path}" and path.exists()
+    second = runner_for(model, num_kv_blocks=256)
+    assert second.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0
+    assert second.attention_tune_source == f"cache {path}"
+    assert second.backend.launch == first.backend.launch
+    assert second.backend.segments == first.backend.segments
+    other = runner_for(model, num_kv_blocks=256)  # other limits: another key, timed
+    assert other.tune_attention(max_num_seqs=16, max_model_len=128) > 0
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", "off")
+    off = runner_for(model, num_kv_blocks=256)
+    assert off.tune_attention(max_num_seqs=8, max_model_len=128) > 0
+    assert off.attention_tune_source == "tuned"

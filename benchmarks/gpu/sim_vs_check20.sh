@@ -7,8 +7,10 @@
 # For each run this prints benchmarks/gpu/sim_vs_run.py's table: the signed error of every metric
 # for the built-in h100-sxm (measured; and with --step-jitter measured), its datasheet constants,
 # and the check's profile, priced with its step jitter and at its medians (--step-jitter off).
-# R defaults to the check's run of 2026-11-27 (rose-run profile with its served run; requests
-# beyond 4,096 tokens rejected on both sides). The run of 2026-11-26
+# R defaults to the check's second run of 2026-11-27 (h100-2026-11-27b-checks: rose-run profile
+# with its served run; requests beyond 4,096 tokens rejected on both sides; its rerun-*/ folders
+# hold the same runs again with step logs, benchmarks/gpu/check20_steps.sh). The first run of that
+# day is benchmarks/gpu/results/h100-2026-11-27-checks (same layout). The run of 2026-11-26
 # (benchmarks/gpu/results/h100-2026-11-26-checks) predates both: its runs clipped those requests
 # (rose-run's default then), so the simulations clip them too, and it adds the profile refitted with
 # the step model's GPU terms (check20/p-refit.json, from benchmarks/gpu/refit_profile.py
@@ -16,9 +18,9 @@
 # same morning (SERVED: fifo, the first 400 Azure conv requests at --max-model-len 8192, a
 # stand-in for the served run the profile lacked; its requests overlap the check's).
 #
-#   bash benchmarks/gpu/sim_vs_check20.sh [R]   # R: default benchmarks/gpu/results/h100-2026-11-27-checks
+#   bash benchmarks/gpu/sim_vs_check20.sh [R]   # R: default benchmarks/gpu/results/h100-2026-11-27b-checks
 set -euo pipefail
-R=${1:-benchmarks/gpu/results/h100-2026-11-27-checks}
+R=${1:-benchmarks/gpu/results/h100-2026-11-27b-checks}
 SERVED=${SERVED:-benchmarks/gpu/results/h100-2026-11-26/steps-fifo-cut.jsonl}
 combos=("--policy budget --prefill-max-tokens 2048"
         "--policy pack --prefill-max-tokens 2048 --force-fifo-every 8 --loop-order decode-first")

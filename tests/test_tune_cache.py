@@ -1,0 +1,82 @@
+"""The shared attention-tuning cache: where it lives, what it keeps, and how the
+triton backend gives and takes its launches (the CUDA side is in test_cuda.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # before anything imports triton
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from roseinfer.executor.tune_cache import (  # noqa: E402
+    TUNE_CACHE_NAME,
+    load_tuned,
+    store_tuned,
+    tune_cache_path,
+    tune_key,
+)
+
+
+def test_the_path_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", "off")
+    assert tune_cache_path() is None
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", str(tmp_path / "t.json"))
+    assert tune_cache_path() == tmp_path / "t.json"
+    monkeypatch.delenv("ROSEINFER_TUNE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tune_cache_path() == tmp_path / "roseinfer" / TUNE_CACHE_NAME
+
+
+def test_entries_round_trip_by_key_and_keep_each_other(tmp_path):
+    path = tmp_path / "sub" / "t.json"
+    a, b = tune_key({"gpu": "H100", "heads": 32}), tune_key({"heads": 32, "gpu": "H200"})
+    assert tune_key({"heads": 32, "gpu": "H100"}) == a  # order of the facts does not matter
+    assert load_tuned(path, a) is None  # no file yet
+    assert store_tuned(path, a, {"launch": [[4, 1, 32, 4, 3]]})
+    assert store_tuned(path, b, {"launch": [[4, 2, 64, 4, 2]]})
+    assert load_tuned(path, a) == {"launch": [[4, 1, 32, 4, 3]]}
+    assert load_tuned(path, b) == {"launch": [[4, 2, 64, 4, 2]]}
+    assert not list(path.parent.glob("*.tmp"))  # written through a rename
+
+
+def test_a_damaged_file_is_ignored_and_replaced(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"half a fi')
+    assert load_tuned(path, "k") is None
+    assert store_tuned(path, "k", {"launch": []})
+    assert json.loads(path.read_text()) == {"k": {"launch": []}}
+    path.write_text('["not", "a", "map"]')
+    assert load_tuned(path, "k") is None
+
+
+def test_an_unwritable_place_is_not_an_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert store_tuned(blocker / "t.json", "k", {"launch": []}) is False  # parent is a file
+
+
+def test_the_triton_backend_gives_and_takes_its_launches():
+    pytest.importorskip("triton")
+    from roseinfer.executor.attn_triton import TritonBackend
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tuned = TritonBackend(32, 8, device)
+    assert tuned.tuned_launches() == {}  # nothing tuned yet
+    tuned.launch = {(4, 1): (64, 4, 3), (4, 2): (32, 4, 2), (16, 1): (64, 8, 3)}
+    tuned.segments = {(4, 1): (4, 16)}
+    doc = json.loads(json.dumps(tuned.tuned_launches()))  # through a file's JSON
+    fresh = TritonBackend(32, 8, device)
+    assert fresh.adopt_launches(doc)
+    assert fresh.launch == tuned.launch and fresh.segments == tuned.segments
+    assert fresh.tune_facts()["num_sms"] == tuned.num_sms
+    for bad in ({}, {"launch": []}, {"launch": [[4, 1, 64, 4]], "segments": []},
+                {"launch": [[4, 1, 64, 4, True]], "segments": []},
+                {"launch": [[4, 1, 64, 4, 3]], "segments": [[4, 1, "x", 16]]},
+                {"launch": [[4, 1, 64, 4, 3]]}):  # fmt: skip
+        other = TritonBackend(32, 8, device)
+        assert not other.adopt_launches(bad), bad
+        assert other.launch == {} and other.segments == {}
