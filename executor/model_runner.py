@@ -341,12 +341,16 @@ class ModelRunner:
 
     def _tune_facts(self, max_num_seqs: int, max_model_len: int) -> dict[str, Any]:
         """What the attention tuning depends on (the shared cache's key)."""
-        import triton  # noqa: PLC0415 -- CUDA only, where the triton backend needs it anyway
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            triton = version("triton")
+        except PackageNotFoundError:  # a backend without Triton (sdpa) tunes nothing
+            triton = None
         s = self.shape
         return {
             "gpu": torch.cuda.get_device_name(self.device), "torch": torch.__version__,
-            "triton": triton.__version__, "num_heads": s.num_heads,
+            "triton": triton, "num_heads": s.num_heads,
             "num_kv_heads": s.num_kv_heads, "head_dim": s.head_dim,
             "dtype": str(self.dtype), "block_size": self.block_size,
             "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,

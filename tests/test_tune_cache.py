@@ -80,3 +80,59 @@ def test_the_triton_backend_gives_and_takes_its_launches():
         other = TritonBackend(32, 8, device)
         assert not other.adopt_launches(bad), bad
         assert other.launch == {} and other.segments == {}
+
+
+class _Tuner:
+    """A backend whose timing is counted: the runner's cache logic, without a GPU."""
+
+    name = "stub"
+
+    def __init__(self, choice: int) -> None:
+        self.choice, self.timed, self.launches = choice, 0, {}
+
+    def tune(self, k_cache, v_cache, **limits) -> float:
+        self.timed += 1
+        self.launches = {"launch": [[4, 1, self.choice, 4, 3]], "segments": []}
+        return 0.25
+
+    def tune_facts(self):
+        return {"backend": self.name}
+
+    def tuned_launches(self):
+        return self.launches
+
+    def adopt_launches(self, launches) -> bool:
+        self.launches = dict(launches)
+        return True
+
+
+def test_the_runner_tunes_once_per_key_and_later_runners_adopt(tmp_path, monkeypatch):
+    """ModelRunner.tune_attention's cache path (on CUDA only; here with the device and
+    the backend stood in): the first runner times and stores, the next adopts the
+    first one's choice without timing, other limits time again, ``off`` always times."""
+    from test_model_runner import runner_for, tiny
+
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", str(path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Stub GPU")
+    model = tiny("tiny-llama")
+
+    def runner(choice: int):
+        r = runner_for(model)
+        r.device, r.backend = torch.device("cuda"), _Tuner(choice)  # only what tuning reads
+        return r
+
+    first = runner(64)
+    assert first.tune_attention(max_num_seqs=8, max_model_len=128) == 0.25
+    assert first.attention_tune_source == f"tuned, stored in {path}" and first.backend.timed == 1
+    second = runner(32)  # would choose otherwise if it timed
+    assert second.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0
+    assert second.backend.timed == 0 and second.attention_tune_source == f"cache {path}"
+    assert second.backend.tuned_launches() == {"launch": [[4, 1, 64, 4, 3]], "segments": []}
+    other = runner(32)
+    assert other.tune_attention(max_num_seqs=16, max_model_len=128) == 0.25  # another key
+    assert len(json.loads(path.read_text())) == 2
+    monkeypatch.setenv("ROSEINFER_TUNE_CACHE", "off")
+    off = runner(32)
+    assert off.tune_attention(max_num_seqs=8, max_model_len=128) == 0.25
+    assert off.attention_tune_source == "tuned"
