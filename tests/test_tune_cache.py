@@ -125,6 +125,8 @@ def test_the_runner_tunes_once_per_key_and_later_runners_adopt(tmp_path, monkeyp
     first = runner(64)
     assert first.tune_attention(max_num_seqs=8, max_model_len=128) == 0.25
     assert first.attention_tune_source == f"tuned, stored in {path}" and first.backend.timed == 1
+    assert first.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0  # the warm-up's 2nd call
+    assert first.attention_tune_source == f"tuned, stored in {path}" and first.backend.timed == 1
     second = runner(32)  # would choose otherwise if it timed
     assert second.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0
     assert second.backend.timed == 0 and second.attention_tune_source == f"cache {path}"
