@@ -344,8 +344,9 @@ class InterpolatedStepModel:
     served run's prefill and mixed steps, timed once): each holds the mean ratio
     of its :data:`EAGER_DRAW_NEIGHBOURS` nearest such draws. One draw spreads to
     1.8x its median on an H100 (the profile's jitter, priced apart), and a lone
-    stretched prefill of 1,107 tokens had lifted the profile's price of every
-    1,100-token prompt 11% above its linear model.
+    stretched prefill of 1,107 tokens had lifted a profile's price of a
+    1,100-token prompt 11% above its linear model (``benchmarks/gpu/step_classes.py
+    --draw-neighbours 1 --prompts 1100`` on ``h100-2026-11-27-checks/check20/p.json``).
 
     Attributes:
         name: ``interp``.
@@ -487,9 +488,7 @@ benchmarks/gpu/results/h100-2026-11-27b-checks --seeds 4 --draw-neighbours 1,30`
 averaging took the mean |error| of the p50 metrics from 2.49% to 2.15% and of the
 p99 metrics from 3.28% to 2.86%, but one p99 (TTFT of budget at 60% load in the
 second run, set by a few stretched prefills) from -1.5% to -11.2%; 15 and 60
-neighbours did about as well as 30 on the first run. Dropping the draws from the
-interpolation instead priced the first run's TTFT 6-9% low: a served run's
-prefills are slower than the grid's isolated ones."""
+neighbours gave 2.16% / 3.27% and 2.17% / 2.89% (``--draw-neighbours 1,15,30,60``)."""
 
 
 def _neighbour_means(points: np.ndarray, values: np.ndarray, draws: np.ndarray) -> np.ndarray:

@@ -29,12 +29,9 @@ import numpy as np
 import roseinfer.calibration.step_model as step_model
 from roseinfer.calibration.profile import load_calibration
 from roseinfer.calibration.step_model import ProfiledCostModel
-from roseinfer.cli.config import check_args
-from roseinfer.cli.sim_flags import build_parser, run_config, setup_of
-from roseinfer.cli.workload import build_workload, fit_workload
-from roseinfer.metrics.summary import summarize
-from roseinfer.registry import load_registry
-from roseinfer.simulator.engine import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_vs_run import prepare  # noqa: E402 -- a sibling script
 
 COMBOS = {
     "1": "--policy budget --prefill-max-tokens 2048",
@@ -52,16 +49,10 @@ def run_errors(folder: Path, run: str, seeds: int) -> np.ndarray:
     saturated = json.loads((folder / "check20" / f"r{i}s.json").read_text())
     real = json.loads((folder / "check20" / f"r{run}.json").read_text())
     rate = "inf" if load == "s" else repr(0.6 * saturated["completed"] / saturated["duration"])
-    args = build_parser().parse_args(
+    sim = prepare(
         f"--model llama-3.1-8b --hardware h100-sxm --num-requests 500 --max-model-len 4096 "
         f"--seed 0 {COMBOS[i]} --request-rate {rate} --num-kv-blocks {real['num_kv_blocks']}".split()
     )
-    registry = load_registry()
-    options, setup = check_args(args, registry), setup_of(args)
-    requests, _ = build_workload(args)
-    requests, _ = fit_workload(args, requests, args.max_model_len or setup.max_model_len,
-                               default=setup.fit_lengths)  # fmt: skip
-    config = run_config(args, registry, options, setup)
     profile = load_calibration([folder / "check20" / "p.json"]).cost_model()
     assert isinstance(profile, ProfiledCostModel) and profile.jitter is not None
     out = []
@@ -70,8 +61,7 @@ def run_errors(folder: Path, run: str, seeds: int) -> np.ndarray:
             profile.model, profile.label, profile.held_out, profile.fit_source,
             profile.sample_range, dataclasses.replace(profile.jitter, seed=seed),
         )  # fmt: skip
-        result = simulate(requests, config, cost, registry=registry)
-        summary = summarize(result.columns, duration_s=result.duration_s, itl=result.itl)
+        summary = sim.run(cost)
         out.append([summary[k] / real[k] - 1 for k in METRICS])
     return np.array(out)
 

@@ -18,6 +18,7 @@ Runs on a CPU; the real result comes from a GPU run (``rose-run --save-result``)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -67,6 +68,34 @@ def errors(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
     return {k: sim[k] / real[k] - 1 for k in METRICS if real.get(k) and sim.get(k) is not None}
 
 
+@dataclasses.dataclass(frozen=True)
+class Simulation:
+    """What rose-sim's flags make of a run: its requests, config and setup."""
+
+    requests: list[Any]
+    config: Any
+    setup: Any
+    registry: Any
+
+    def run(self, cost: CostModel) -> dict[str, Any]:
+        """The summary of the requests simulated with ``cost``."""
+        result = simulate(self.requests, self.config, cost, registry=self.registry)
+        return dict(summarize(result.columns, duration_s=result.duration_s, itl=result.itl))
+
+
+def prepare(sim_argv: Sequence[str]) -> Simulation:
+    """rose-sim's flags ``sim_argv`` as a :class:`Simulation` (the workload built and
+    fitted to the limits, as rose-sim does)."""
+    sim_args = build_parser().parse_args(list(sim_argv))
+    registry = load_registry()
+    options = check_args(sim_args, registry)
+    setup = setup_of(sim_args)
+    requests, _ = build_workload(sim_args)
+    requests, _ = fit_workload(sim_args, requests, sim_args.max_model_len or setup.max_model_len,
+                               default=setup.fit_lengths)  # fmt: skip
+    return Simulation(requests, run_config(sim_args, registry, options, setup), setup, registry)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, simulate once per cost model, print the error table."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -83,19 +112,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", type=Path, help="write the errors as JSON")
     args = p.parse_args(own)
     real = json.loads(args.real.read_text())
-    sim_args = build_parser().parse_args(sim_argv)
-    registry = load_registry()
-    options = check_args(sim_args, registry)
-    setup = setup_of(sim_args)
-    requests, _ = build_workload(sim_args)
-    requests, _ = fit_workload(sim_args, requests, sim_args.max_model_len or setup.max_model_len,
-                               default=setup.fit_lengths)  # fmt: skip
-    config = run_config(sim_args, registry, options, setup)
-    rows = {}
-    for label, cost in cost_models(setup.cost_model, args.calibration).items():
-        result = simulate(requests, config, cost, registry=registry)
-        summary = summarize(result.columns, duration_s=result.duration_s, itl=result.itl)
-        rows[label] = errors(real, dict(summary))
+    sim = prepare(sim_argv)
+    rows = {
+        label: errors(real, sim.run(cost))
+        for label, cost in cost_models(sim.setup.cost_model, args.calibration).items()
+    }
     for i, label in enumerate(rows, 1):
         print(f"[{i}] {label}")
     names = (k.replace("_ms", "").replace("output_throughput", "out tok/s") for k in METRICS)
