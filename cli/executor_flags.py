@@ -82,7 +82,9 @@ def add_model_args(g: argparse._ArgumentGroup, *, warmup: bool = True) -> None:
         help="which steps replay CUDA graphs, by vLLM's names: FULL_DECODE_ONLY (default) "
         "decode batches; FULL also prefill and mixed passes of up to 511 new tokens (triton "
         "attention), padded to vLLM's capture sizes, so a small prefill is not bound by "
-        "launching its kernels. Unmeasured on a GPU so far: compare both on yours",
+        "launching its kernels (on an H100 with Llama-3.1-8B shapes: 9.7 ms against 13-14 ms "
+        "eager, and no stretched launches); rose-run profile and rose-sim --cost-model refuse it: "
+        "the step model prices every prefill as launched eagerly",
     )
     add_flag(
         g,

@@ -175,3 +175,32 @@ def test_the_first_checks_profile_prices_1100_token_prompts_near_its_linear_mode
 
     assert ratio("--draw-neighbours", "1") > 1.08  # the draw itself, as before
     assert abs(ratio() - 1) < 0.05
+
+
+PROBE = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-27c-probe"
+
+
+@pytest.mark.skipif(not PROBE.is_dir() or not CHECKS_27B.is_dir(), reason="no shipped H100 runs")
+def test_several_real_runs_are_compared_by_their_mean_and_range(tmp_path):
+    """Three eager budget runs at 60% load on two H100 leases of 2026-11-27 (the same command):
+    errors are against their mean, and the check's profile with its jitter puts p99 TTFT
+    inside the runs' range, which spans over 5% (the noise one run cannot show)."""
+    reals = [PROBE / "call1" / "run-probe.json", PROBE / "call2" / "run-probe.json",
+             PROBE / "call2" / "run-probe-omp1.json"]  # fmt: skip
+    out = tmp_path / "e.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "sim_vs_run.py"), *map(str, reals),
+           "--calibration", str(CHECKS_27B / "check20" / "p.json"), "--output", str(out), "--",
+           "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--num-requests", "500",
+           "--max-model-len", "4096", "--seed", "0", *COMBOS["1"], "--request-rate", "10.4",
+           "--num-kv-blocks", "27678"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    runs = [json.loads(p.read_text()) for p in reals]
+    ttft = [r["p99_ttft_ms"] for r in runs]
+    assert doc["real_mean"]["p99_ttft_ms"] == pytest.approx(sum(ttft) / 3)
+    assert (max(ttft) - min(ttft)) / doc["real_mean"]["p99_ttft_ms"] > 0.05
+    jittered = next(v for k, v in doc["errors"].items() if "; step jitter of" in k)
+    simulated = (1 + jittered["p99_ttft_ms"]) * doc["real_mean"]["p99_ttft_ms"]
+    assert min(ttft) <= simulated <= max(ttft)
+    assert "real runs" in proc.stdout and "errors against the mean of 3 real runs" in proc.stdout

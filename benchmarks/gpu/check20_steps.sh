@@ -4,7 +4,7 @@
 # then at 60% of the rate it reached (Poisson, seed 0); Llama-3.1-8B shapes, 500 Azure conv
 # requests, --max-model-len 4096, as the check runs them. A second real run of the same
 # combination gives the runs' own spread (what a simulator cannot beat), and its step log gives
-# the profile's error step by step on the same card (benchmarks/gpu/sim_vs_run.py --steps).
+# the profile's error class by class on the same card (benchmarks/gpu/step_classes.py).
 #
 #   bash benchmarks/gpu/check20_steps.sh     # on the GPU, project installed; writes $OUT/rerun.tgz
 #   COMBOS=2 bash benchmarks/gpu/check20_steps.sh   # the second combination alone

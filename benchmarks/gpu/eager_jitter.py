@@ -18,10 +18,12 @@ Per variant it prints the median, the share of steps over 1.25x the variant's me
 their length bucket (lengths binned by powers of two), the 99th-percentile ratio, and the
 host share of the stretched steps (the runner's launch time over the step's wall time): a
 stretch with the host time grown with it is a slow launch loop on the CPU, one without is
-the device. ``--output`` writes every step as JSON.
+the device; and the stretched steps' off-CPU share (1 - the launch's thread CPU time over its
+wall time): a slow launch loop that was off the CPU was preempted or stolen. ``--output`` writes every step as JSON.
 
     python benchmarks/gpu/eager_jitter.py --output eager-jitter.json          # on the GPU
     python benchmarks/gpu/eager_jitter.py --cudagraph-mode FULL --output full-jitter.json
+    python benchmarks/gpu/eager_jitter.py --variants same,fresh --steps 300 --op-times
     python benchmarks/gpu/eager_jitter.py --model tiny-llama --device cpu --steps 6 --small
 """
 
@@ -58,9 +60,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    default="FULL_DECODE_ONLY",
                    help="FULL replays the prefills from graphs (rose-run's flag): whether "
                    "replayed prefills still stretch")  # fmt: skip
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (all four)")
+    p.add_argument("--op-times", action="store_true",
+                   help="time the host side of each layer's four calls (qkv, K/V store, "
+                   "attention, rest of the layer) and say whether a stretch is spread over "
+                   "them (a slower CPU) or sits in one call (a stall)")  # fmt: skip
     p.add_argument("--small", action="store_true", help="tiny limits for a CPU check")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(args.variants) - set(VARIANTS):
+        p.error(f"unknown --variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     if args.small:
         args.max_tokens, args.min_tokens = min(args.max_tokens, 48), min(args.min_tokens, 8)
         args.decode_batch, args.decode_context = 4, 32
@@ -95,8 +105,9 @@ def lengths(args: argparse.Namespace, variant: str, rng: np.random.Generator) ->
     return rng.choice(span, size=min(args.steps, len(span)), replace=False).tolist()
 
 
-def timed_prefill(runner, num_tokens: int, seed: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Wall and host seconds of one prefill step as the engine pays it."""
+def timed_prefill(runner, num_tokens: int, seed: int) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """Wall, host (launch) and the launch's thread CPU seconds of one prefill step as the
+    engine pays it: CPU seconds short of the host seconds mean the thread was off the CPU."""
     from roseinfer.executor.engine import synchronize
     from roseinfer.executor.profiler import GREEDY
     from roseinfer.executor.warmup import scratch_inputs
@@ -105,14 +116,15 @@ def timed_prefill(runner, num_tokens: int, seed: int) -> tuple[float, float]:  #
                             runner.vocab_size, first_block=seed % 64, seed=seed)  # fmt: skip
     synchronize(runner.device)
     runner.host_times_s = []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     logits = runner.forward(inputs)
+    cpu = time.thread_time() - cpu
     runner.sample(logits, [GREEDY], [None])
     synchronize(runner.device)
     wall = time.perf_counter() - start
     host = runner.host_times_s[0]
     runner.host_times_s = None
-    return wall, host
+    return wall, host, cpu
 
 
 def decode_step(runner, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
@@ -127,7 +139,33 @@ def decode_step(runner, args: argparse.Namespace) -> None:  # type: ignore[no-un
     synchronize(runner.device)
 
 
-def run_variant(runner, args: argparse.Namespace, variant: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+OPS = ("qkv", "write_kv", "attention", "finish_layer")
+
+
+def time_ops(runner) -> dict[str, list[float]]:  # type: ignore[no-untyped-def]
+    """Wrap the four calls of each layer (on this runner's adapter and backend objects) to
+    append their host seconds to the returned lists; clear them before each step."""
+    calls: dict[str, list[float]] = {op: [] for op in OPS}
+
+    def timed(name: str, fn):  # type: ignore[no-untyped-def]
+        def wrapper(*a, **k):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            calls[name].append(time.perf_counter() - t)
+            return out
+
+        return wrapper
+
+    adapter, backend = runner.adapter, runner.backend
+    adapter.qkv = timed("qkv", adapter.qkv)
+    backend.write_kv = timed("write_kv", backend.write_kv)
+    backend.forward = timed("attention", backend.forward)
+    adapter.finish_layer = timed("finish_layer", adapter.finish_layer)
+    return calls
+
+
+def run_variant(runner, args: argparse.Namespace, variant: str,  # type: ignore[no-untyped-def]
+                calls: dict[str, list[float]] | None) -> list[dict[str, Any]]:  # fmt: skip
     rng = np.random.default_rng(VARIANTS.index(variant))
     rows = []
     for i, n in enumerate(lengths(args, variant, rng)):
@@ -135,9 +173,39 @@ def run_variant(runner, args: argparse.Namespace, variant: str) -> list[dict[str
             decode_step(runner, args)
         elif variant == "after-idle":
             time.sleep(args.idle_ms / 1e3)
-        wall, host = timed_prefill(runner, int(n), seed=i)
-        rows.append({"variant": variant, "tokens": int(n), "wall_s": wall, "host_s": host})
+        for v in (calls or {}).values():
+            v.clear()
+        wall, host, cpu = timed_prefill(runner, int(n), seed=i)
+        row = {"variant": variant, "tokens": int(n), "wall_s": wall, "host_s": host,
+               "host_cpu_s": cpu}  # fmt: skip
+        if calls is not None:
+            row["ops_s"] = {op: list(v) for op, v in calls.items()}
+        rows.append(row)
     return rows
+
+
+def op_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Per call kind, the host ms per step (median) of stretched and normal steps, and how
+    concentrated a stretched step's excess is: its slowest single call over the median call."""
+    stretched = {id(r) for r in rows if r["wall_s"] > STRETCH * _bucket_median(rows, r)}
+    lines = [f"{'call':<13} {'normal ms':>9} {'stretched ms':>12} {'max/median call':>16}"]
+    for op in OPS:
+        per_step = {True: [], False: []}  # type: dict[bool, list[float]]
+        peaks = []
+        for r in rows:
+            calls = r["ops_s"][op]
+            per_step[id(r) in stretched].append(1e3 * sum(calls))
+            if id(r) in stretched and calls:
+                peaks.append(max(calls) / statistics.median(calls))
+        cell = lambda v: f"{statistics.median(v):.2f}" if v else "-"  # noqa: E731
+        lines.append(f"{op:<13} {cell(per_step[False]):>9} {cell(per_step[True]):>12} "
+                     f"{cell(peaks):>16}")  # fmt: skip
+    return lines
+
+
+def _bucket_median(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:
+    b = int(np.log2(row["tokens"]))
+    return statistics.median(r["wall_s"] for r in rows if int(np.log2(r["tokens"])) == b)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -150,6 +218,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     stretched = ratios > STRETCH
     host_share = [r["host_s"] / r["wall_s"] for r, s in zip(rows, stretched) if s]
     normal_share = [r["host_s"] / r["wall_s"] for r, s in zip(rows, stretched) if not s]
+    off_cpu = [1 - r["host_cpu_s"] / r["host_s"] for r, s in zip(rows, stretched) if s]
     return {
         "steps": len(rows),
         "median_ms": 1e3 * statistics.median(r["wall_s"] for r in rows),
@@ -157,6 +226,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "p99_ratio": float(np.quantile(ratios, 0.99)),
         "host_share_stretched": statistics.median(host_share) if host_share else None,
         "host_share_normal": statistics.median(normal_share) if normal_share else None,
+        "off_cpu_share_stretched": statistics.median(off_cpu) if off_cpu else None,
     }
 
 
@@ -167,20 +237,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{args.model} on {runner.device}, {runner.attention_backend}, "
           f"{len(runner.graph_batch_sizes or ())} CUDA graph sizes; set-up "
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)  # fmt: skip
+    calls = time_ops(runner) if args.op_times else None
     rows, table = [], {}
-    for variant in VARIANTS:
-        got = run_variant(runner, args, variant)
+    for variant in args.variants:
+        got = run_variant(runner, args, variant, calls)
         rows += got
         table[variant] = summarize(got)
     print(f"{'variant':<13} {'steps':>5} {'median ms':>9} {'>1.25x':>7} {'p99 x':>6} "
-          f"{'host share (stretched / normal)':>32}")  # fmt: skip
+          f"{'host share (stretched / normal)':>32} {'off-CPU':>8}")  # fmt: skip
     for variant, s in table.items():
         shares = "/".join(
             "-" if s[k] is None else f"{s[k]:.2f}"
             for k in ("host_share_stretched", "host_share_normal")
         )
         print(f"{variant:<13} {s['steps']:>5} {s['median_ms']:>9.2f} "
-              f"{s['stretched_share']:>7.1%} {s['p99_ratio']:>6.2f} {shares:>32}")  # fmt: skip
+              f"{s['stretched_share']:>7.1%} {s['p99_ratio']:>6.2f} {shares:>32} "
+              f"{'-' if s['off_cpu_share_stretched'] is None else format(s['off_cpu_share_stretched'], '.2f'):>8}")  # fmt: skip
+    if args.op_times:
+        for variant in args.variants:
+            print(f"\n{variant}: host time per call kind (32 layers summed)")
+            print("\n".join(op_table([r for r in rows if r["variant"] == variant])))
     if args.output:
         args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)},
                                            "summary": table, "steps": rows}, indent=1))  # fmt: skip

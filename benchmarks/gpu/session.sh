@@ -11,6 +11,11 @@
 # back what finished. log.txt holds everything printed.
 # STAGES="full" is the A/B of --cudagraph-mode FULL: its CUDA test, then the step table and
 # workload (b) with and without it (about 5 minutes).
+# STAGES="probe probe-full jitter adopts" looks for the small-prefill stretch: check 20's budget
+# run at 60% load (10.4 req/s, the 2026-11-27 rate) under benchmarks/gpu/step_probe.py, eager then
+# with --cudagraph-mode FULL (about 2 minutes each), eager_jitter.py, and the tune-cache CUDA test;
+# probe-omp1 and probe-full-omp1 run them with one torch CPU thread (OMP_NUM_THREADS=1,
+# --num-threads 1), cpu-facts writes the machine's CPU and memory settings.
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
 set -uo pipefail
@@ -48,6 +53,19 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
       full) stage full-test 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k full_mode
         stage full-ab 240 sh -c "cd benchmarks && python3 gpu_throughput.py --backends \
           triton,triton:full --no-hf --workloads b > '$work/full-ab.txt' 2>&1" ;;
+      cpu-facts) stage cpu-facts 20 sh -c "nproc; lscpu | grep -E 'Model name|Thread|Core|Socket|NUMA node0'; \
+          cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag 2>&1; \
+          cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>&1; uptime" > "$work/cpu-facts.txt" 2>&1 ;;
+      probe|probe-full|probe-omp1|probe-full-omp1)
+        mode=FULL_DECODE_ONLY; case $s in probe-full*) mode=FULL ;; esac
+        threads=""; case $s in *omp1) threads="--num-threads 1" ;; esac
+        stage "$s" 170 sh -c "${threads:+OMP_NUM_THREADS=1 }python3 benchmarks/gpu/step_probe.py --probe-out '$work/$s.jsonl' -- \
+          --device cuda --model llama-3.1-8b --num-requests 500 --max-model-len 4096 --seed 0 \
+          --quiet --policy budget --prefill-max-tokens 2048 --request-rate ${PROBE_RATE:-10.4} \
+          --cudagraph-mode $mode $threads --save-steps '$work/steps-$s.jsonl' \
+          --save-result '$work/run-$s.json' > '$work/$s.txt' 2>&1; tail -8 '$work/$s.txt'" ;;
+      jitter) stage jitter 150 python3 benchmarks/gpu/eager_jitter.py --output "$work/eager-jitter.json" ;;
+      adopts) stage adopts 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k adopts ;;
       *) echo "unknown stage $s" ;;
     esac
   done

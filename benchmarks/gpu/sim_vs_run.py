@@ -1,4 +1,4 @@
-"""rose-sim against one real rose-run result: each cost model's error on the run's metrics.
+"""rose-sim against real rose-run results: each cost model's error on the runs' metrics.
 
 Simulates the run's requests with rose-sim's own flags (everything after ``--``) once per
 cost model: the built-in ``--hardware`` spec as it stands (measured where ``calibration/specs.py``
@@ -7,7 +7,10 @@ the same spec with its datasheet constants, and each ``--calibration``
 file (a profile or a step log, as ``rose-sim --cost-model``; ``A,B`` pools them, and a profile
 with repetitions is priced with and without its step jitter). Prints, per cost model, the signed
 error ``sim / real - 1`` of duration, output throughput and p50/p99 TTFT, TPOT, ITL and E2EL.
-Runs on a CPU; the real result comes from a GPU run (``rose-run --save-result``).
+Given several real results of the same command (repeats, other leases of the same GPU kind), the
+real value is their mean; a row gives the runs' spread (``(max - min) / mean``, the noise floor)
+and ``*`` marks a simulated value inside the runs' range. Runs on a CPU; the real results come
+from GPU runs (``rose-run --save-result``).
 
     python benchmarks/gpu/sim_vs_run.py benchmarks/gpu/results/h100-2026-11-26/run-budget.json \\
         --calibration benchmarks/gpu/results/h100-2026-11-26/steps-budget.jsonl -- \\
@@ -68,6 +71,20 @@ def errors(real: dict[str, Any], sim: dict[str, Any]) -> dict[str, float]:
     return {k: sim[k] / real[k] - 1 for k in METRICS if real.get(k) and sim.get(k) is not None}
 
 
+def mean_run(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per metric of :data:`METRICS` every run has, the runs' mean."""
+    return {k: sum(r[k] for r in runs) / len(runs) for k in METRICS if all(r.get(k) for r in runs)}
+
+
+def spread(runs: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per metric every run has, the ``(min, max)`` of the runs."""
+    return {
+        k: (min(r[k] for r in runs), max(r[k] for r in runs))
+        for k in METRICS
+        if all(r.get(k) for r in runs)
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class Simulation:
     """What rose-sim's flags make of a run: its requests, config and setup."""
@@ -102,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     own, sim_argv = argv[:cut], argv[cut + 1 :]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("real", type=Path, help="the rose-run result file (--save-result)")
+    p.add_argument("real", type=Path, nargs="+",
+                   help="rose-run result files (--save-result) of the same command")  # fmt: skip
     p.add_argument(
         "--calibration",
         nargs="*",
@@ -111,21 +129,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--output", type=Path, help="write the errors as JSON")
     args = p.parse_args(own)
-    real = json.loads(args.real.read_text())
+    runs = [json.loads(path.read_text()) for path in args.real]
+    real, ranges = mean_run(runs), spread(runs)
     sim = prepare(sim_argv)
-    rows = {
-        label: errors(real, sim.run(cost))
+    sims = {
+        label: sim.run(cost)
         for label, cost in cost_models(sim.setup.cost_model, args.calibration).items()
     }
+    rows = {label: errors(real, s) for label, s in sims.items()}
     for i, label in enumerate(rows, 1):
         print(f"[{i}] {label}")
     names = (k.replace("_ms", "").replace("output_throughput", "out tok/s") for k in METRICS)
     print("cost model  " + "  ".join(f"{k:>10}" for k in names))
-    for i, errs in enumerate(rows.values(), 1):
-        cells = (f"{errs[k]:+10.1%}" if k in errs else f"{'-':>10}" for k in METRICS)
+    if len(runs) > 1:
+        print(f"{'real runs':<10}  " + "  ".join(
+            f"{(ranges[k][1] - ranges[k][0]) / real[k]:>10.1%}" if k in ranges else f"{'-':>10}"
+            for k in METRICS))  # fmt: skip
+    for i, (label, errs) in enumerate(rows.items(), 1):
+        marks = {k: "*" if lo <= sims[label][k] <= hi else " " for k, (lo, hi) in ranges.items()}
+        if len(runs) == 1:
+            marks = {}
+        cells = (f"{errs[k]:+9.1%}{marks.get(k, '')}" if k in errs else f"{'-':>10}"
+                 for k in METRICS)  # fmt: skip
         print(f"{f'[{i}]':<10}  " + "  ".join(cells))
+    if len(runs) > 1:
+        print(
+            f"errors against the mean of {len(runs)} real runs; 'real runs': their (max - "
+            "min) / mean; *: the simulated value lies within the runs' range"
+        )
     if args.output:
-        args.output.write_text(json.dumps({"real": str(args.real), "errors": rows}, indent=1))
+        args.output.write_text(json.dumps({"real": [str(r) for r in args.real], "real_mean": real,
+                                           "errors": rows}, indent=1))  # fmt: skip
     return 0
 
 
