@@ -45,7 +45,7 @@ from roseinfer.config import (
 )
 from roseinfer.executor import memory
 from roseinfer.executor.adapters import ModelAdapter
-from roseinfer.executor.facts import model_spec_of
+from roseinfer.executor.facts import model_spec_of, runner_step_facts
 from roseinfer.executor.kv_cache import block_bytes as kv_block_bytes
 from roseinfer.executor.model_runner import ModelRunner
 from roseinfer.executor.models import build_model, make_adapter
@@ -200,24 +200,16 @@ PLAN_FACTS = (
 
 def runner_facts(runner: ModelRunner, pool: KVPoolSize) -> dict[str, Any]:
     """What a result file records about the runner and its KV pool (flat,
-    JSON-ready): attention backend, CUDA graphs (``enforce_eager``, the captured
-    sizes, ``cuda_graph_capture_s``: 0 before the warm-up), whether the warm-up's
-    tuning kept fixed-length key splits for large decode batches
-    (``attention_fixed_length_splits``, triton), the launches it chose and where
-    from (``attention_launches``, ``attention_tune_source``), pass size, the pool and where its
-    size came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
+    JSON-ready): how its steps run (:func:`~roseinfer.executor.facts.runner_step_facts`),
+    ``cuda_graph_capture_s`` (0 before the warm-up), whether the warm-up's tuning
+    kept fixed-length key splits for large decode batches
+    (``attention_fixed_length_splits``, triton), pass size, where the pool's size
+    came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
     facts: dict[str, Any] = {
-        "attention_backend": runner.attention_backend,
+        **runner_step_facts(runner),
         "attention_fixed_length_splits": bool(getattr(runner.backend, "segments", None)),
-        "attention_launches": runner.backend.tuned_launches(),
-        "attention_tune_source": runner.attention_tune_source,
-        "enforce_eager": runner.enforce_eager,
         "cuda_graph_capture_s": runner.cuda_graph_capture_s,
-        "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
-        "cudagraph_mode": runner.cudagraph_mode,
-        "cuda_graph_token_sizes": list(runner.graph_token_sizes),
         "max_tokens_per_pass": runner.max_tokens_per_pass,
-        "kv_cache_bytes": runner.kv_cache_bytes,
         "kv_pool_source": pool.source,
     }
     if pool.plan is not None:

@@ -63,6 +63,23 @@ def model_spec_of(name: str, hf_config: object, dtype: torch.dtype) -> ModelSpec
     return dataclasses.replace(spec, name=name, dtype_bytes=torch.finfo(dtype).bits // 8)
 
 
+def runner_step_facts(runner: ModelRunner) -> dict[str, Any]:
+    """How a runner's steps run, as both result files and profile/step-log headers
+    record it: attention backend and the launches its warm-up chose (and where
+    from: tuned or the shared cache), ``enforce_eager``, the CUDA graph mode and
+    captured sizes, and the KV pool's bytes."""
+    return {
+        "attention_backend": runner.attention_backend,
+        "attention_launches": runner.backend.tuned_launches(),
+        "attention_tune_source": runner.attention_tune_source,
+        "enforce_eager": runner.enforce_eager,
+        "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
+        "cudagraph_mode": runner.cudagraph_mode,
+        "cuda_graph_token_sizes": list(runner.graph_token_sizes),
+        "kv_cache_bytes": runner.kv_cache_bytes,
+    }
+
+
 def executor_facts(
     runner: ModelRunner,
     config: SchedulerConfig,
@@ -73,24 +90,16 @@ def executor_facts(
     """The ``executor`` section of a profile or a step log: what ``rose-sim
     --cost-model FILE`` takes as its defaults (the pool, block size, max model
     length, how a workload's lengths were fitted), and how its steps ran
-    (attention backend, ``enforce_eager``, the decode batch sizes captured as
-    CUDA graphs: an eager profile prices a graphed run's decodes too high, and the
-    attention's ``decode_split_programs``, for the step model's GPU terms, and
-    the attention launches the warm-up chose, and where from)."""
+    (:func:`runner_step_facts`: an eager profile prices a graphed run's decodes
+    too high; and the attention's ``decode_split_programs``, for the step model's
+    GPU terms)."""
     return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
-        "attention_backend": runner.attention_backend,
-        "enforce_eager": runner.enforce_eager,
-        "cuda_graph_batch_sizes": list(runner.graph_batch_sizes or ()),
-        "cudagraph_mode": runner.cudagraph_mode,
-        "cuda_graph_token_sizes": list(runner.graph_token_sizes),
+        **runner_step_facts(runner),
         "decode_split_programs": runner.backend.decode_split_programs,
-        "attention_launches": runner.backend.tuned_launches(),
-        "attention_tune_source": runner.attention_tune_source,
         "num_kv_blocks": config.num_kv_blocks,
         "block_size": config.block_size,
-        "kv_cache_bytes": runner.kv_cache_bytes,
         "kv_cache_budget_bytes": kv_cache_budget_bytes or runner.kv_cache_bytes,
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,

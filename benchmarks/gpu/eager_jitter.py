@@ -184,18 +184,27 @@ def run_variant(runner, args: argparse.Namespace, variant: str,  # type: ignore[
     return rows
 
 
+def bucket_ratios(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Each step's wall time over the median of its length bucket (powers of two)."""
+    buckets: dict[int, list[float]] = {}
+    for r in rows:
+        buckets.setdefault(int(np.log2(r["tokens"])), []).append(r["wall_s"])
+    medians = {b: statistics.median(v) for b, v in buckets.items()}
+    return np.array([r["wall_s"] / medians[int(np.log2(r["tokens"]))] for r in rows])
+
+
 def op_table(rows: list[dict[str, Any]]) -> list[str]:
     """Per call kind, the host ms per step (median) of stretched and normal steps, and how
     concentrated a stretched step's excess is: its slowest single call over the median call."""
-    stretched = {id(r) for r in rows if r["wall_s"] > STRETCH * _bucket_median(rows, r)}
+    stretched = bucket_ratios(rows) > STRETCH
     lines = [f"{'call':<13} {'normal ms':>9} {'stretched ms':>12} {'max/median call':>16}"]
     for op in OPS:
-        per_step = {True: [], False: []}  # type: dict[bool, list[float]]
+        per_step: dict[bool, list[float]] = {True: [], False: []}
         peaks = []
-        for r in rows:
+        for r, s in zip(rows, stretched):
             calls = r["ops_s"][op]
-            per_step[id(r) in stretched].append(1e3 * sum(calls))
-            if id(r) in stretched and calls:
+            per_step[bool(s)].append(1e3 * sum(calls))
+            if s and calls:
                 peaks.append(max(calls) / statistics.median(calls))
         cell = lambda v: f"{statistics.median(v):.2f}" if v else "-"  # noqa: E731
         lines.append(f"{op:<13} {cell(per_step[False]):>9} {cell(per_step[True]):>12} "
@@ -203,18 +212,9 @@ def op_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _bucket_median(rows: list[dict[str, Any]], row: dict[str, Any]) -> float:
-    b = int(np.log2(row["tokens"]))
-    return statistics.median(r["wall_s"] for r in rows if int(np.log2(r["tokens"])) == b)
-
-
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median, stretched share, p99 ratio and the stretched steps' host share."""
-    buckets: dict[int, list[float]] = {}
-    for r in rows:
-        buckets.setdefault(int(np.log2(r["tokens"])), []).append(r["wall_s"])
-    medians = {b: statistics.median(v) for b, v in buckets.items()}
-    ratios = np.array([r["wall_s"] / medians[int(np.log2(r["tokens"]))] for r in rows])
+    ratios = bucket_ratios(rows)
     stretched = ratios > STRETCH
     host_share = [r["host_s"] / r["wall_s"] for r, s in zip(rows, stretched) if s]
     normal_share = [r["host_s"] / r["wall_s"] for r, s in zip(rows, stretched) if not s]

@@ -146,9 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{(ranges[k][1] - ranges[k][0]) / real[k]:>10.1%}" if k in ranges else f"{'-':>10}"
             for k in METRICS))  # fmt: skip
     for i, (label, errs) in enumerate(rows.items(), 1):
-        marks = {k: "*" if lo <= sims[label][k] <= hi else " " for k, (lo, hi) in ranges.items()}
-        if len(runs) == 1:
-            marks = {}
+        marks = {} if len(runs) == 1 else {
+            k: "*" if lo <= sims[label][k] <= hi else " " for k, (lo, hi) in ranges.items()
+        }  # fmt: skip
         cells = (f"{errs[k]:+9.1%}{marks.get(k, '')}" if k in errs else f"{'-':>10}"
                  for k in METRICS)  # fmt: skip
         print(f"{f'[{i}]':<10}  " + "  ".join(cells))
