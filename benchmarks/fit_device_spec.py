@@ -81,7 +81,9 @@ def load_steps(paths: Sequence[Path]) -> tuple[list[ModelSteps], dict[str, Any]]
     file's environment.
 
     Raises:
-        ProfileError: for a file without a model shape.
+        ProfileError: for a file without a model shape, or one whose prefill passes
+            replayed CUDA graphs (the fit takes small prefills as eager: they pin the
+            launch roof).
     """
     by_model: dict[str, tuple[ModelSpec, list[ProfileSample]]] = {}
     environment: dict[str, Any] = {}
@@ -90,6 +92,11 @@ def load_steps(paths: Sequence[Path]) -> tuple[list[ModelSteps], dict[str, Any]]
         spec = calibration.model_spec
         if spec is None:
             raise ProfileError(f"{path} records no model shape; profile with rose-run")
+        if calibration.graphs.max_mixed_tokens:
+            raise ProfileError(
+                f"{path} ran --cudagraph-mode FULL; fit a device from FULL_DECODE_ONLY runs "
+                "(their eager small prefills pin the launch roof)"
+            )
         spec = dataclasses.replace(spec, name=Path(spec.name).name)  # a model directory's name
         by_model.setdefault(spec.name, (spec, []))[1].extend(calibration.samples)
         environment = environment or dict(calibration.environment)

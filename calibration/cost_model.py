@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, GraphReplay, runs_eagerly
 from roseinfer.calibration.jitter import StepJitter
 from roseinfer.calibration.specs import (
     DeviceSpec,
@@ -30,7 +31,6 @@ from roseinfer.calibration.specs import (
     get_device_spec,
     get_link_spec,
     get_model_spec,
-    runs_eagerly,
 )
 from roseinfer.scheduler import StepTotals
 
@@ -266,11 +266,12 @@ class RooflineCostModel:
 
     Host time:
       * ``overhead_s`` per step plus ``overhead_per_seq_s`` per sequence;
-      * launch: a step not replayed from a CUDA graph (any prefill token, or
-        more than :data:`~roseinfer.calibration.specs.MAX_GRAPH_BATCH_SIZE`
-        decodes) launches every layer's kernels from the host, so it takes at
-        least ``num_layers x eager_launch_s_per_layer``; the GPU works while
-        the host launches, so this is a third roof, not a sum.
+      * launch: a step not replayed from a CUDA graph (``graphs``: under
+        rose-run's default any prefill token, or a decode batch past the
+        captured sizes; under ``--cudagraph-mode FULL`` only passes of more new
+        tokens than it captures) launches every layer's kernels from the host,
+        so it takes at least ``num_layers x eager_launch_s_per_layer``; the GPU
+        works while the host launches, so this is a third roof, not a sum.
 
     Decode imbalance (on the memory roof: it is attention's time reading the
     KV cache, so a compute- or launch-bound step hides it): the attention of a decode batch ends with its
@@ -315,6 +316,9 @@ class RooflineCostModel:
             attention heads).
         pipeline_parallel: stages the layers are split into (1..num_layers).
         link: the link the collectives cross (default: the device's own).
+        graphs: which steps the priced executor replays from CUDA graphs
+            (:class:`~roseinfer.calibration.graph_replay.GraphReplay`; default
+            rose-run's ``FULL_DECODE_ONLY``).
 
     Raises:
         ValueError: on a bad ``tensor_parallel`` or ``pipeline_parallel``, or a
@@ -330,6 +334,7 @@ class RooflineCostModel:
         tensor_parallel: int = 1,
         pipeline_parallel: int = 1,
         link: LinkSpec | None = None,
+        graphs: GraphReplay = DECODE_GRAPHS,
     ) -> None:
         if tensor_parallel < 1 or model.num_attention_heads % tensor_parallel:
             raise ValueError(
@@ -350,6 +355,7 @@ class RooflineCostModel:
         self.tensor_parallel = tensor_parallel
         self.pipeline_parallel = pipeline_parallel
         self.link = link
+        self.graphs = graphs
         kv_shards = min(tensor_parallel, model.num_kv_heads)
         # Per-device coefficients, as Python floats so scalar and vectorized
         # paths do the same float64 arithmetic (bit-identical results).
@@ -381,7 +387,16 @@ class RooflineCostModel:
         (``rose-sim --step-jitter measured``; see the class doc); unchanged for a
         device without measured repetitions."""
         out = copy.copy(self)
-        out.jitter = eager_jitter(self.device.eager_step_ratios)
+        out.jitter = eager_jitter(self.device.eager_step_ratios, self.graphs)
+        return out
+
+    def with_graphs(self, graphs: GraphReplay) -> RooflineCostModel:
+        """This roofline pricing an executor that replays ``graphs`` (its step
+        jitter, if any, classifying steps by them too)."""
+        out = copy.copy(self)
+        out.graphs = graphs
+        if self.jitter is not None:
+            out.jitter = replace(self.jitter, graphs=graphs)
         return out
 
     def _communication(self) -> tuple[float, float]:
@@ -401,19 +416,22 @@ class RooflineCostModel:
         return fixed, per_token
 
     def pricing_terms(self) -> tuple[float, ...]:
-        """The fourteen floats of one step's time, for a compiled pricing loop (the
+        """The sixteen floats of one step's time, for a compiled pricing loop (the
         simulator's) that evaluates :meth:`_time_s`'s expression with them, in its
         order, bit for bit: FLOPs per token, per sequence and per attention pair,
         achievable FLOP/s, weight bytes, KV bytes per token priced at the weights'
         bandwidth, achievable B/s, overhead (s), communication s per step and s
         per token, overhead s per sequence, launch s of an eager step, decode
-        imbalance s per token and its spread (sequences)."""
+        imbalance s per token and its spread (sequences), and the largest decode
+        batch (sequences) and pass with prefill tokens (tokens) replayed from
+        graphs (:attr:`graphs`)."""
         return (
             self._flops_per_token, self._flops_per_seq, self._flops_per_attn_pair,
             self._achievable_flops, self._weight_bytes, self._kv_priced_bytes_per_token,
             self._achievable_bandwidth, self._overhead_s, self._comm_s, self._comm_s_per_token,
             self._overhead_per_seq_s, self._eager_launch_s, self._imbalance_s_per_token,
-            self._imbalance_spread_seqs,
+            self._imbalance_spread_seqs, float(self.graphs.max_decode_seqs),
+            float(self.graphs.max_mixed_tokens),
         )  # fmt: skip
 
     def flops(self, shape: BatchShape) -> float:
@@ -521,7 +539,8 @@ class RooflineCostModel:
         if device.overhead_per_seq_s:
             parts.append(f"{device.overhead_per_seq_s * 1e6:.3g} us/seq")
         if device.eager_launch_s_per_layer:
-            parts.append(f"eager steps >= {self._eager_launch_s * 1e3:.2f} ms (launches)")
+            parts.append(f"eager steps >= {self._eager_launch_s * 1e3:.2f} ms (launches; "
+                         f"{self.graphs.describe()})")  # fmt: skip
         if self._imbalance_s_per_token:
             parts.append(
                 f"decode imbalance {self._imbalance_s_per_token * 1e6:.3g} us per token of the "
@@ -563,9 +582,9 @@ class RooflineCostModel:
         ) / self._achievable_bandwidth
 
     def _launch_s(self, num_tokens: float, num_seqs: float) -> float:
-        """Host launch roof of a step (:func:`runs_eagerly`; a decode run's steps
-        all share one token and sequence count)."""
-        return self._eager_launch_s if runs_eagerly(num_tokens, num_seqs) else 0.0
+        """Host launch roof of a step (:attr:`graphs`; a decode run's steps all
+        share one token and sequence count)."""
+        return self._eager_launch_s if runs_eagerly(num_tokens, num_seqs, self.graphs) else 0.0
 
     def _time_s(
         self,
@@ -595,14 +614,16 @@ def split_spread_seqs(decode_split_programs: float, kv_heads_per_device: int) ->
 
 
 @functools.lru_cache(maxsize=8)
-def eager_jitter(ratios: tuple[tuple[float, tuple[float, ...]], ...]) -> StepJitter | None:
+def eager_jitter(
+    ratios: tuple[tuple[float, tuple[float, ...]], ...], graphs: GraphReplay = DECODE_GRAPHS
+) -> StepJitter | None:
     """The step jitter of a device's measured eager step ratios
     (:attr:`~roseinfer.calibration.specs.DeviceSpec.eager_step_ratios`): eager
-    steps draw from them, graph decodes keep their roofline time; None without
-    ratios. Cached: one spec's pools are built once per process."""
+    steps (by ``graphs``) draw from them, graph-replayed steps keep their roofline
+    time; None without ratios. Cached: one spec's pools are built once per process."""
     if not ratios:
         return None
-    return StepJitter(ratios, (), eager_only=True)
+    return StepJitter(ratios, (), eager_only=True, graphs=graphs)
 
 
 def make_cost_model(
@@ -612,6 +633,7 @@ def make_cost_model(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     link: str | LinkSpec | None = None,
+    graphs: GraphReplay = DECODE_GRAPHS,
 ) -> CostModel:
     """A roofline cost model from built-in names (or specs).
 
@@ -625,6 +647,7 @@ def make_cost_model(
         pipeline_parallel: pipeline stages.
         link: the link between the GPUs (a :data:`LINKS` name or spec; default
             the device's).
+        graphs: which steps replay CUDA graphs (:class:`RooflineCostModel`'s).
 
     Raises:
         UnknownSpecError: for an unknown name (lists the known ones).
@@ -635,4 +658,6 @@ def make_cost_model(
     dtype_bytes = device_spec.dtype_bytes if dtype_bytes is None else dtype_bytes
     model_spec = replace(model_spec, dtype_bytes=dtype_bytes)
     link_spec = get_link_spec(link) if isinstance(link, str) else link
-    return RooflineCostModel(model_spec, device_spec, tensor_parallel, pipeline_parallel, link_spec)
+    return RooflineCostModel(
+        model_spec, device_spec, tensor_parallel, pipeline_parallel, link_spec, graphs
+    )

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.specs import runs_eagerly
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, GraphReplay
 
 MIN_REPETITIONS = 20
 """Fewest measured ratios (repetitions of shapes timed at least twice) a jitter is
@@ -124,15 +124,19 @@ class StepJitter:
             twice, per class; one may be empty (no CUDA graphs: every step draws
             from the eager pools, and the other way round).
         seed: of the factors.
-        eager_only: graph-replayed decodes keep their median (factor 1.0; ``graph``
+        eager_only: graph-replayed steps keep their median (factor 1.0; ``graph``
             must be empty): a measured roofline carries only the eager spread
             (:data:`~roseinfer.calibration.specs.MEASURED_JITTER_FILE`).
+        graphs: which steps are of the graph class
+            (:class:`~roseinfer.calibration.graph_replay.GraphReplay`): those the
+            repetitions were classified by, and the simulator classifies its steps by.
     """
 
     eager: tuple[tuple[float, tuple[float, ...]], ...]
     graph: tuple[tuple[float, tuple[float, ...]], ...]
     seed: int = 0
     eager_only: bool = False
+    graphs: GraphReplay = DECODE_GRAPHS
 
     def __post_init__(self) -> None:
         if not self.eager and not self.graph:
@@ -153,12 +157,15 @@ class StepJitter:
 
     @classmethod
     def of_repetitions(
-        cls, shapes: Iterable[tuple[float, float, tuple[float, ...]]], graphs: bool, seed: int = 0
+        cls,
+        shapes: Iterable[tuple[float, float, tuple[float, ...]]],
+        graphs: GraphReplay,
+        seed: int = 0,
     ) -> StepJitter | None:
         """The jitter of profiled shapes, each ``(num_tokens, num_seqs, times_s)``.
 
-        Shapes timed once carry no spread and are skipped. ``graphs``: whether the
-        executor replayed decodes from CUDA graphs (else one class for all steps).
+        Shapes timed once carry no spread and are skipped. ``graphs``: which steps
+        the executor replayed from CUDA graphs (none: one class for all steps).
         Returns None with fewer than :data:`MIN_REPETITIONS` ratios.
         """
         eager: list[tuple[float, tuple[float, ...]]] = []
@@ -170,11 +177,11 @@ class StepJitter:
             median = float(np.median(times))
             if median <= 0:
                 continue
-            pool = eager if (not graphs or runs_eagerly(num_tokens, num_seqs)) else graph
+            pool = eager if graphs.runs_eagerly(num_tokens, num_seqs) else graph
             pool.append((median, tuple((times / median).tolist())))
         if sum(len(r) for _, r in eager + graph) < MIN_REPETITIONS:
             return None
-        return cls(tuple(eager), tuple(graph), seed)
+        return cls(tuple(eager), tuple(graph), seed, graphs=graphs)
 
     def factors(
         self, first_step: int, eager: np.ndarray, times_s: np.ndarray, stream: int = 0
@@ -229,7 +236,7 @@ class StepJitter:
                 a = np.concatenate([np.asarray(r) for _, r in shapes])
                 count += len(a)
                 parts.append(f"{name} mean x{a.mean():.2f}, p99 x{np.quantile(a, 0.99):.2f}")
-        graphs = "; graph decodes at medians" if self.eager_only else ""
+        graphs = "; graph-replayed steps at medians" if self.eager_only else ""
         return f"step jitter of {count} repetitions ({'; '.join(parts)}{graphs})"
 
     def to_json(self) -> dict[str, Any]:
@@ -239,4 +246,5 @@ class StepJitter:
             "graph": [[m, list(r)] for m, r in self.graph],
             "seed": self.seed,
             "eager_only": self.eager_only,
+            "graphs": self.graphs.mode,
         }

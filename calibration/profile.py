@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import runs_eagerly
+from roseinfer.calibration.graph_replay import GraphReplay
 from roseinfer.calibration.jitter import StepJitter
 from roseinfer.calibration.roofline_fit import (
     CalibratedRoofline,
@@ -116,17 +116,21 @@ PROFILE_SCHEMA = "roseinfer-profile/1"
 # ------------------------------------------------------------------ the profile
 
 
-def _step_model_from_json(doc: Mapping[str, Any], samples: Sequence[ProfileSample]) -> StepModel:
-    """Rebuild a stored step model; an interpolation is rebuilt from the samples."""
+def _step_model_from_json(
+    doc: Mapping[str, Any], samples: Sequence[ProfileSample], graphs: GraphReplay
+) -> StepModel:
+    """Rebuild a stored step model (``graphs``: what the profiled executor replayed,
+    from its executor section); an interpolation is rebuilt from the samples."""
     if doc["kind"] == "interp":
         agg = np.vstack([shape_aggregates(s.shape) for s in samples])
         targets = np.array([s.target_s for s in samples])
-        fallback = _step_model_from_json(doc["fallback"], samples)
+        fallback = _step_model_from_json(doc["fallback"], samples, graphs)
         assert isinstance(fallback, LinearStepModel)
-        draws = eager_draws(samples)
+        draws = eager_draws(samples, graphs)
         return InterpolatedStepModel.of_samples(str(doc["name"]), agg, targets, fallback, draws)
     knots = tuple(float(k) for k in doc["token_knots"])
-    model = LinearStepModel(str(doc["name"]), knots, (), float(doc.get("decode_spread_seqs", 0.0)))
+    spread = float(doc.get("decode_spread_seqs", 0.0))
+    model = LinearStepModel(str(doc["name"]), knots, (), spread, graphs)
     coefficients = tuple(float(doc["coefficients"][n]) for n in model.feature_names)
     return dataclasses.replace(model, coefficients=coefficients)
 
@@ -193,13 +197,14 @@ class Profile:
         samples = list(samples)
         spread = decode_spread_seqs(executor, model_spec.num_kv_heads if model_spec else None)
         medians = served_medians(samples, step_jitter(samples, executor))
+        graphs = GraphReplay.of_executor(executor)
         return cls(
             model_name=model_name,
             model_spec=model_spec,
             executor=dict(executor),
             environment=dict(environment),
             samples=samples,
-            step_fit=fit_step_model(medians, seed, use, spread),
+            step_fit=fit_step_model(medians, seed, use, spread, graphs),
             roofline=None
             if model_spec is None
             else calibrate_roofline(model_spec, samples, base_device, seed, overhead_samples),
@@ -238,6 +243,12 @@ class Profile:
             return False
         mine = dataclasses.replace(self.model_spec, name="")
         return dataclasses.replace(model, name="") == mine
+
+    @property
+    def graphs(self) -> GraphReplay:
+        """Which steps the profiled executor replayed from CUDA graphs (its
+        ``executor`` section: ``cudagraph_mode`` and the captured sizes)."""
+        return GraphReplay.of_executor(self.executor)
 
     def cost_model(
         self, model: ModelSpec | None = None
@@ -361,8 +372,9 @@ class Profile:
         try:
             samples = [ProfileSample.from_json(row) for row in doc["samples"]]
             fit = doc["fit"]
+            graphs = GraphReplay.of_executor(doc["executor"])
             step_fit = StepFit(
-                _step_model_from_json(fit["model"], samples),
+                _step_model_from_json(fit["model"], samples, graphs),
                 {k: HeldOutError(**v) for k, v in fit["held_out"].items()},
                 int(fit["split_seed"]),
                 float(fit["train_fraction"]),
@@ -483,7 +495,7 @@ def step_jitter(samples: Sequence[ProfileSample], executor: Mapping[str, Any]) -
     (:class:`~roseinfer.calibration.jitter.StepJitter`; eager and graph steps apart
     when the executor replayed CUDA graphs); None when too few shapes were timed
     more than once (step logs and served runs time each step once)."""
-    graphs = bool(executor.get("cuda_graph_batch_sizes")) and not executor.get("enforce_eager")
+    graphs = GraphReplay.of_executor(executor)
     shapes = []
     for s in samples:
         t = s.shape.totals()
@@ -508,7 +520,7 @@ def served_medians(
     if not served:
         return list(samples)
     totals = [samples[i].shape.totals() for i in served]
-    eager = np.array([bool(runs_eagerly(t.num_tokens, t.num_seqs)) for t in totals])
+    eager = np.array([bool(jitter.graphs.runs_eagerly(t.num_tokens, t.num_seqs)) for t in totals])
     times = np.array([samples[i].target_s for i in served])
     stretch = jitter.mean_factors(eager, times)
     out = list(samples)
@@ -546,21 +558,25 @@ def cost_model_from_steps(
     return ProfiledCostModel(fit.model, label, held_out, sample_range=SampleRange.of(samples))
 
 
-def check_priceable(executor: Mapping[str, Any], path: str | Path) -> None:
-    """Refuse a calibration whose executor replayed prefill passes from CUDA graphs
-    (``--cudagraph-mode FULL``): the step model's eager term and the step jitter's
-    classes take every prefill step as launched from the host, so such a file
-    would be priced wrong, not just less well.
+def check_one_graph_mode(executors: Sequence[tuple[str | Path, Mapping[str, Any]]]) -> None:
+    """Refuse to pool calibrations whose executors replayed different steps from CUDA
+    graphs (``--cudagraph-mode FULL`` beside ``FULL_DECODE_ONLY``, or
+    ``--enforce-eager``): one step model prices one rule, and a small prefill costs
+    its launches in one file and its GPU time in the other.
 
     Raises:
-        ProfileError: naming the file and the fix.
+        ProfileError: naming two such files and the fix.
     """
-    if executor.get("cudagraph_mode", "FULL_DECODE_ONLY") != "FULL_DECODE_ONLY":
-        raise ProfileError(
-            f"{path} was measured with --cudagraph-mode {executor['cudagraph_mode']}, which "
-            "the step model does not price yet (it takes prefill steps as eager); measure "
-            "with the default FULL_DECODE_ONLY"
-        )
+    first_path, first = None, ""
+    for path, executor in executors:
+        mode = GraphReplay.of_executor(executor).mode
+        if first_path is None:
+            first_path, first = path, mode
+        elif mode != first:
+            raise ProfileError(
+                f"{first_path} ran its CUDA graphs as {first} and {path} as {mode}: pool "
+                "calibrations of one --cudagraph-mode (and --enforce-eager setting)"
+            )
 
 
 def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
@@ -573,23 +589,26 @@ def load_calibration(paths: Sequence[str | Path], seed: int = 0) -> Profile:
     model length, model shape) is the first profile's, else the first log's.
 
     Raises:
-        ProfileError: if a file cannot be read, was measured with CUDA graphs for
-            prefill passes (:func:`check_priceable`), or fewer than 10 samples remain.
+        ProfileError: if a file cannot be read, the files replayed different
+            steps from CUDA graphs (:func:`check_one_graph_mode`), or fewer than 10
+            samples remain.
     """
     if not paths:
         raise ProfileError("no calibration file given")
     profiles: list[Profile] = []
     logs: list[StepLogFile] = []
+    executors: list[tuple[str | Path, Mapping[str, Any]]] = []
     for path in paths:
         if is_step_log(path):
             try:
                 logs.append(load_step_log(path))
             except StepLogError as err:
                 raise ProfileError(str(err)) from None
-            check_priceable(logs[-1].header.get("executor") or {}, path)
+            executors.append((path, logs[-1].header.get("executor") or {}))
         else:
             profiles.append(load_profile(path))
-            check_priceable(profiles[-1].executor, path)
+            executors.append((path, profiles[-1].executor))
+    check_one_graph_mode(executors)
     if len(paths) == 1 and profiles:
         return profiles[0]
     base = profiles[0] if profiles else None

@@ -44,13 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roseinfer.calibration.specs import MAX_GRAPH_BATCH_SIZE
-
 __all__ = [
-    "MAX_GRAPH_BATCH_SIZE",
     "GridLimits",
     "Shape",
-    "cuda_graph_batch_sizes",
     "decode_batch_sizes",
     "grid_counts",
     "profile_grid",
@@ -111,22 +107,6 @@ class GridLimits:
     def max_decode_batch(self) -> int:
         """Largest decode batch: sequences, and one token each within the budget."""
         return min(self.max_num_seqs, self.max_num_batched_tokens)
-
-
-def cuda_graph_batch_sizes(
-    max_num_seqs: int, max_size: int = MAX_GRAPH_BATCH_SIZE
-) -> tuple[int, ...]:
-    """Decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, 16, 24, ... (steps of
-    8) up to ``min(max_num_seqs, max_size)`` (vLLM v1's default capture list, cut
-    at the largest batch the scheduler can form; larger batches run eager).
-
-    Raises:
-        ValueError: if ``max_num_seqs < 1``.
-    """
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    top = min(max_num_seqs, max_size)
-    return tuple(s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top)
 
 
 def _geometric(low: int, high: int, factor: float = 2.0) -> list[int]:

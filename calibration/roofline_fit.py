@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel, runs_eagerly
+from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, runs_eagerly
 from roseinfer.calibration.specs import (
     DeviceSpec,
     Measurement,
@@ -744,7 +745,7 @@ def eager_step_ratios(
     for s in samples:
         t = s.shape.totals()
         shapes.append((float(t.num_tokens), float(t.num_seqs), s.times_s))
-    jitter = StepJitter.of_repetitions(shapes, graphs=True)
+    jitter = StepJitter.of_repetitions(shapes, DECODE_GRAPHS)
     if jitter is None:
         return ()
     return tuple((round(m, 7), tuple(round(r, 5) for r in ratios)) for m, ratios in jitter.eager)

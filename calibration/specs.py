@@ -25,7 +25,6 @@ __all__ = [
     "DATASHEET_DEVICES",
     "DEVICES",
     "LINKS",
-    "MAX_GRAPH_BATCH_SIZE",
     "MODELS",
     "DeviceSpec",
     "MEASURED",
@@ -39,25 +38,11 @@ __all__ = [
     "get_link_spec",
     "get_model_spec",
     "model_spec_from_hf_config",
-    "runs_eagerly",
     "summarize_devices",
 ]
 
 GB = 10**9  # datasheets quote decimal gigabytes
 TERA = 10**12
-MAX_GRAPH_BATCH_SIZE = 512
-"""Largest decode batch an executor replays from a CUDA graph: vLLM v1's largest
-default capture size (``vllm/config.py``, ``_BATCH_SIZES_TO_CAPTURE``); larger
-batches, and every step with a prefill token, run eagerly."""
-
-
-def runs_eagerly(num_tokens: Any, num_seqs: Any) -> Any:
-    """Whether an executor launches a step's kernels from the host rather than
-    replaying a CUDA graph: any prefill token (more tokens than sequences), or more
-    decodes than :data:`MAX_GRAPH_BATCH_SIZE`. Takes
-    numbers (returns a bool) or float arrays (returns a bool array, per step). The
-    compiled core's ``_Roofline.step_s`` inlines the same rule."""
-    return (num_tokens > num_seqs) | (num_seqs > MAX_GRAPH_BATCH_SIZE)
 
 
 class UnknownSpecError(KeyError, ValueError):
@@ -257,7 +242,7 @@ class DeviceSpec:
             ``overhead_s``: its inputs, sampling and bookkeeping (>= 0).
         eager_launch_s_per_layer: host seconds to launch one layer's kernels in a
             step that is not replayed from a CUDA graph (any prefill token, or a
-            decode batch over :data:`MAX_GRAPH_BATCH_SIZE`): such a step takes at
+            decode batch past the captured sizes; :mod:`~roseinfer.calibration.graph_replay`): such a step takes at
             least ``num_layers`` times this, a third roof beside compute and
             memory (>= 0; 0: launches never bound a step, as the datasheet
             specs assume).

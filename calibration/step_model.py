@@ -29,12 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from roseinfer.calibration.cost_model import (
-    BatchShape,
-    StepTotals,
-    runs_eagerly,
-    split_spread_seqs,
-)
+from roseinfer.calibration.cost_model import BatchShape, StepTotals, split_spread_seqs
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, GraphReplay
 from roseinfer.calibration.jitter import StepJitter
 from roseinfer.metrics.schema import (
     MAX_EXTRAPOLATION,
@@ -199,7 +195,7 @@ class LinearStepModel:
     for each knot in ``token_knots`` (a convex, non-decreasing response to the
     token count, like the roofline's ``max(bytes / bw, flops / peak)``), plus the
     :data:`GPU_TERMS` when ``decode_spread_seqs`` is set: 1 for a step that runs
-    eagerly (:func:`~roseinfer.calibration.cost_model.runs_eagerly`), and
+    eagerly (by :attr:`graphs`), and
     ``(decodes x longest - summed decode context) / max(decodes, decode_spread_seqs)``.
 
     Attributes:
@@ -208,12 +204,15 @@ class LinearStepModel:
         coefficients: one per feature (s per unit).
         decode_spread_seqs: the decode batch at which the executor's attention
             stops splitting keys (0: no GPU terms; a CPU profile).
+        graphs: which steps the executor replays from CUDA graphs (the eager
+            term's rule; :class:`~roseinfer.calibration.graph_replay.GraphReplay`).
     """
 
     name: str
     token_knots: tuple[float, ...]
     coefficients: tuple[float, ...]
     decode_spread_seqs: float = 0.0
+    graphs: GraphReplay = DECODE_GRAPHS
 
     @property
     def feature_names(self) -> list[str]:
@@ -228,7 +227,7 @@ class LinearStepModel:
         a whole decode run give bit-identical seconds (the simulator's jump
         over decode runs must equal stepping one by one).
         """
-        features = _features(aggregates, self.token_knots, self.decode_spread_seqs)
+        features = _features(aggregates, self.token_knots, self.decode_spread_seqs, self.graphs)
         total = np.zeros(len(features))
         for column, coefficient in zip(features.T, self.coefficients):
             total = total + column * coefficient
@@ -242,6 +241,7 @@ class LinearStepModel:
         targets_s: np.ndarray,
         knots: Sequence[float],
         decode_spread_seqs: float = 0.0,
+        graphs: GraphReplay = DECODE_GRAPHS,
     ) -> LinearStepModel:
         """Non-negative least squares on relative error, fitting the *mean* step time,
         robust to a few outlying steps.
@@ -264,7 +264,7 @@ class LinearStepModel:
         """
         from scipy.optimize import nnls
 
-        features = _features(aggregates, tuple(knots), decode_spread_seqs)
+        features = _features(aggregates, tuple(knots), decode_spread_seqs, graphs)
         scale = features.max(axis=0)
         scale[scale == 0] = 1.0  # a term absent from every sample keeps coefficient 0
         unit = features / scale
@@ -276,7 +276,7 @@ class LinearStepModel:
             weights = np.where(predicted > 0, predicted, targets_s)
             robust = huber_weights((targets_s - weights) / weights)
         coefficients = tuple((solution / scale).tolist())
-        return cls(name, tuple(float(k) for k in knots), coefficients, decode_spread_seqs)
+        return cls(name, tuple(float(k) for k in knots), coefficients, decode_spread_seqs, graphs)
 
     def to_json(self) -> dict[str, Any]:
         """Fit description for PROFILE.json: names and coefficients."""
@@ -292,16 +292,19 @@ class LinearStepModel:
 
 
 def _features(
-    aggregates: np.ndarray, knots: tuple[float, ...], decode_spread_seqs: float = 0.0
+    aggregates: np.ndarray,
+    knots: tuple[float, ...],
+    decode_spread_seqs: float = 0.0,
+    graphs: GraphReplay = DECODE_GRAPHS,
 ) -> np.ndarray:
     """``[n, features]``: the basis columns, the token hinges, and the
-    :data:`GPU_TERMS` when ``decode_spread_seqs`` > 0."""
+    :data:`GPU_TERMS` when ``decode_spread_seqs`` > 0 (eager by ``graphs``)."""
     basis = aggregates[:, : len(BASIS_TERMS)]
     tokens = aggregates[:, 2:3]
     columns = [basis, *(np.maximum(0.0, tokens - k) for k in knots)]
     if decode_spread_seqs > 0:
         seqs = aggregates[:, 1]
-        eager = runs_eagerly(aggregates[:, 2], seqs).astype(np.float64)
+        eager = graphs.runs_eagerly(aggregates[:, 2], seqs).astype(np.float64)
         decodes = seqs - aggregates[:, 5]
         excess = decodes * aggregates[:, 7] - aggregates[:, 6]
         spread = np.maximum(decodes, decode_spread_seqs)
@@ -523,21 +526,23 @@ def _mean_per_point(points: np.ndarray, values_s: np.ndarray) -> tuple[np.ndarra
 CandidateFit = Callable[[np.ndarray, np.ndarray, np.ndarray], StepModel]
 
 
-def _candidates(max_tokens: float, decode_spread_seqs: float = 0.0) -> dict[str, CandidateFit]:
+def _candidates(
+    max_tokens: float, decode_spread_seqs: float = 0.0, graphs: GraphReplay = DECODE_GRAPHS
+) -> dict[str, CandidateFit]:
     """The step-model candidates, each a function ``(aggregates, targets) -> model``
-    (``decode_spread_seqs``: :class:`LinearStepModel`'s)."""
+    (``decode_spread_seqs``, ``graphs``: :class:`LinearStepModel`'s)."""
     knots = tuple(
         sorted({round(f * max_tokens) for f in TOKEN_KNOT_FRACTIONS if f * max_tokens > 1})
     )
 
     def linear(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
-        return LinearStepModel.fit("linear", agg, y, (), decode_spread_seqs)
+        return LinearStepModel.fit("linear", agg, y, (), decode_spread_seqs, graphs)
 
     def hinge(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
-        return LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
+        return LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs, graphs)
 
     def interp(agg: np.ndarray, y: np.ndarray, draws: np.ndarray) -> StepModel:
-        fallback = LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs)
+        fallback = LinearStepModel.fit("hinge", agg, y, knots, decode_spread_seqs, graphs)
         return InterpolatedStepModel.of_samples("interp", agg, y, fallback, draws)
 
     return {"linear": linear, "hinge": hinge, "interp": interp}
@@ -617,6 +622,7 @@ def fit_step_model(
     seed: int = 0,
     use: str | None = None,
     decode_spread_seqs: float = 0.0,
+    graphs: GraphReplay = DECODE_GRAPHS,
 ) -> StepFit:
     """Fit every candidate on a random split, keep the best, refit it on all samples.
 
@@ -630,6 +636,8 @@ def fit_step_model(
             ``None``: the best score. Step logs pass :data:`STEP_LOG_MODEL`.
         decode_spread_seqs: > 0 adds the :data:`GPU_TERMS` to the linear models
             (:func:`decode_spread_seqs` of the profile's executor).
+        graphs: which steps the profiled executor replayed from CUDA graphs
+            (``GraphReplay.of_executor`` of its executor section).
 
     Raises:
         ProfileError: with fewer than 10 samples.
@@ -639,9 +647,9 @@ def fit_step_model(
         raise ProfileError(f"a fit needs >= 10 profiled steps, got {len(samples)}")
     agg = np.vstack([shape_aggregates(s.shape) for s in samples])
     targets = np.array([s.target_s for s in samples])
-    draws = eager_draws(samples)
+    draws = eager_draws(samples, graphs)
     train, test = _split(len(samples), seed)
-    candidates = _candidates(float(agg[:, 2].max()), decode_spread_seqs)
+    candidates = _candidates(float(agg[:, 2].max()), decode_spread_seqs, graphs)
     if use is not None and use not in candidates:
         raise ValueError(f"use must be one of {', '.join(candidates)}, got {use!r}")
     held_out, predicted = {}, {}
@@ -660,15 +668,22 @@ def fit_step_model(
     )
 
 
-def eager_draws(samples: Sequence[ProfileSample]) -> np.ndarray:
-    """Mask ``[n]`` of the samples timed once that ran eagerly (a served run's or a
-    step log's prefill and mixed steps; :func:`runs_eagerly`)."""
+def eager_draws(
+    samples: Sequence[ProfileSample], graphs: GraphReplay = DECODE_GRAPHS
+) -> np.ndarray:
+    """Mask ``[n]`` of the samples timed once that ran eagerly by ``graphs`` (a
+    served run's or a step log's prefill and mixed steps, under rose-run's default)."""
     out = np.zeros(len(samples), dtype=bool)
     for i, s in enumerate(samples):
         if len(s.times_s) == 1:
             t = s.shape.totals()
-            out[i] = bool(runs_eagerly(t.num_tokens, t.num_seqs))
+            out[i] = bool(graphs.runs_eagerly(t.num_tokens, t.num_seqs))
     return out
+
+
+def step_model_graphs(model: StepModel) -> GraphReplay:
+    """The graph rule a step model prices its eager term by."""
+    return model.graphs if isinstance(model, LinearStepModel) else model.fallback.graphs
 
 
 def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) -> float:
@@ -832,6 +847,11 @@ class ProfiledCostModel:
         """What its numbers stand on: the fit's source, then the step jitter's summary."""
         jitter = f"; {self.jitter.summary()}" if self.jitter is not None else ""
         return self.fit_source + jitter
+
+    @property
+    def graphs(self) -> GraphReplay:
+        """Which steps it prices as replayed from CUDA graphs (its step model's rule)."""
+        return step_model_graphs(self.model)
 
     def without_jitter(self) -> ProfiledCostModel:
         """The same model pricing every step at its fitted median."""

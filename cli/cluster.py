@@ -16,6 +16,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from roseinfer.calibration.graph_replay import DEFAULT_CUDAGRAPH_MODE, GraphReplay
 from roseinfer.calibration.specs import (
     DEFAULT_KV_TRANSFER_LINK,
     LINKS,
@@ -187,7 +188,7 @@ def replica_specs(
     defaults = ReplicaDefaults(
         args.model, args.device, args.tensor_parallel_size, args.pipeline_parallel_size,
         args.interconnect, pool, args.max_model_len,
-        args.step_jitter == "measured",
+        args.step_jitter == "measured", GraphReplay.of_mode(args.cudagraph_mode or DEFAULT_CUDAGRAPH_MODE),
     )  # fmt: skip
     specs = configured_replicas(args.replica_config, base, defaults)
     if args.num_replicas is not None and args.num_replicas != len(specs):

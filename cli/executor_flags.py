@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from roseinfer.cli.config import config_facts, scheduler_config, scheduler_knobs
 from roseinfer.cli.flags import FLAGS, CliError, add_flag, int_in
 from roseinfer.config import SchedulerConfig
-from roseinfer.executor import CUDAGRAPH_MODES
 from roseinfer.interface import PolicyOptions
 from roseinfer.registry import Registry
 
@@ -75,16 +74,13 @@ def add_model_args(g: argparse._ArgumentGroup, *, warmup: bool = True) -> None:
         help="never capture CUDA graphs: decode steps run eagerly, as vLLM's flag (default: "
         "decode batches replay graphs captured before the clock starts)",
     )
-    g.add_argument(
+    add_flag(
+        g,
         "--cudagraph-mode",
-        choices=CUDAGRAPH_MODES,
-        default="FULL_DECODE_ONLY",
-        help="which steps replay CUDA graphs, by vLLM's names: FULL_DECODE_ONLY (default) "
-        "decode batches; FULL also prefill and mixed passes of up to 511 new tokens (triton "
-        "attention), padded to vLLM's capture sizes, so a small prefill is not bound by "
-        "launching its kernels (on an H100 with Llama-3.1-8B shapes: 9.7 ms against 13-14 ms "
-        "eager, and no stretched launches); rose-run profile and rose-sim --cost-model refuse it: "
-        "the step model prices every prefill as launched eagerly",
+        help=FLAGS["--cudagraph-mode"]["help"]
+        + " (on an H100 with Llama-3.1-8B shapes: 9.7 ms against 13-14 ms eager, and no "
+        "stretched launches). A profile or step log records the mode, and rose-sim prices "
+        "its steps by it (rose-sim --cudagraph-mode for the roofline)",
     )
     add_flag(
         g,

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from roseinfer.argtypes import MAX_INT_FLAG, POSITIVE, clip, float_in, int_in
+from roseinfer.calibration.graph_replay import (
+    CUDAGRAPH_MODES,
+    DEFAULT_CUDAGRAPH_MODE,
+    MIXED_GRAPH_MAX_TOKENS,
+)
 from roseinfer.config import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_SEQS, MAX_NUM_KV_BLOCKS
 from roseinfer.interface import PolicyError, PolicyOptions
 from roseinfer.registry import Registry, UnknownPolicyError, load_registry, warning_sink
@@ -91,6 +96,14 @@ FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "FILE.jsonl",
         "help": "write every executed step (start, end, shape) as a step log (JSON lines; "
         "`rose-sim --cost-model FILE.jsonl` calibrates from it)",
+    },
+    "--cudagraph-mode": {
+        "choices": CUDAGRAPH_MODES,
+        "default": DEFAULT_CUDAGRAPH_MODE,
+        "help": f"which steps replay CUDA graphs, by vLLM's names (default {DEFAULT_CUDAGRAPH_MODE}): "
+        "FULL_DECODE_ONLY decode batches; FULL also prefill and mixed passes of up to "
+        f"{MIXED_GRAPH_MAX_TOKENS} new tokens (triton attention), padded to vLLM's capture "
+        "sizes, so a small prefill is not bound by launching its kernels",
     },
     "--goodput": {
         "nargs": "+",

@@ -80,12 +80,6 @@ def profile_main(argv: Sequence[str]) -> int:
     """Entry point of ``rose-run profile`` (flags after ``profile``)."""
     args = build_parser().parse_args(list(argv))
     with friendly_errors(PROG):
-        if args.cudagraph_mode != "FULL_DECODE_ONLY":
-            raise CliError(
-                f"--cudagraph-mode {args.cudagraph_mode}: the step model does not price "
-                "prefill passes replayed from CUDA graphs yet; profile with the default "
-                "FULL_DECODE_ONLY (rose-run itself runs either)"
-            )
         check_pool_flags(args)
         check_device_name(args.device)
         check_output_paths(args, ("output",))

@@ -8,6 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from roseinfer.calibration.graph_replay import (
+    CUDAGRAPH_MODES,
+    DEFAULT_CUDAGRAPH_MODE,
+    MIXED_GRAPH_MAX_TOKENS,
+    GraphReplay,
+)
 from roseinfer.calibration.specs import LINKS, MODELS, summarize_devices
 from roseinfer.cli.cluster import add_cluster_args
 from roseinfer.cli.config import scheduler_config, scheduler_knobs
@@ -83,6 +89,17 @@ def _add_cost_model_args(g: argparse._ArgumentGroup) -> None:
                    "GPUs (default: the device's: NVLink on A100/H100/H200); bandwidths and "
                    "sources in calibration/specs.py")  # fmt: skip
     add_flag(g, "--gpu-memory-utilization")
+    add_flag(
+        g,
+        "--cudagraph-mode",
+        default=None,
+        help=f"which steps of the priced rose-run replay CUDA graphs ({', '.join(CUDAGRAPH_MODES)}"
+        f", rose-run's flag): FULL_DECODE_ONLY decode batches; FULL also passes of up to "
+        f"{MIXED_GRAPH_MAX_TOKENS} new tokens. The others launch from the host: a measured "
+        "spec's launch roof and --step-jitter apply to them. Default: the calibration's "
+        "with --cost-model (which must be the mode it names), else rose-run's default, "
+        f"{DEFAULT_CUDAGRAPH_MODE}",
+    )
     g.add_argument(
         "--step-jitter",
         choices=("profile", "measured", "off"),
@@ -118,10 +135,11 @@ def setup_of(args: argparse.Namespace) -> SimSetup:
         SetupError: on a bad spec, file or layout.
     """
     if args.cost_model is None:
+        graphs = GraphReplay.of_mode(args.cudagraph_mode or DEFAULT_CUDAGRAPH_MODE)
         return roofline_setup(
             args.model, args.device, kv_pool(args), args.tensor_parallel_size,
             args.pipeline_parallel_size, args.interconnect,
-            step_jitter=args.step_jitter == "measured",
+            step_jitter=args.step_jitter == "measured", graphs=graphs,
         )  # fmt: skip
     if args.device is not None:
         raise CliError("--cost-model prices the profiled device; drop --hardware")
@@ -134,7 +152,7 @@ def setup_of(args: argparse.Namespace) -> SimSetup:
     max_num_seqs = scheduler_knobs(args)["max_num_seqs"]
     return calibrated_setup(
         args.cost_model, args.model, kv_pool(args), max_num_seqs, args.max_model_len,
-        step_jitter=args.step_jitter != "off",
+        step_jitter=args.step_jitter != "off", cudagraph_mode=args.cudagraph_mode,
     )  # fmt: skip
 
 

@@ -104,7 +104,9 @@ class TritonBackend(AttentionBackend):
 
     name = "triton"
     supports_cuda_graphs = True
-    mixed_graph_max_tokens = LONG_QUERY_TOKENS - 1  # one query-block shape below it
+    mixed_graph_max_tokens = (
+        LONG_QUERY_TOKENS - 1
+    )  # one query-block shape below it (MIXED_GRAPH_MAX_TOKENS)
 
     def __init__(self, num_heads: int, num_kv_heads: int, device: torch.device) -> None:
         from . import triton_kernels

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from roseinfer import workloads
+from roseinfer.calibration.graph_replay import DEFAULT_CUDAGRAPH_MODE
 from roseinfer.calibration.specs import ModelSpec
 from roseinfer.config import (
     DEFAULT_BLOCK_SIZE,
@@ -117,7 +118,7 @@ class RunnerChoice:
 
     attention_backend: str = "auto"
     enforce_eager: bool = False
-    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from roseinfer.calibration.profile_grid import MAX_GRAPH_BATCH_SIZE, cuda_graph_batch_sizes
+from roseinfer.calibration.graph_replay import (
+    MAX_GRAPH_BATCH_SIZE,
+    cuda_graph_batch_sizes,
+    mixed_graph_token_sizes,
+)
 
 from .input_batch import PAD_SLOT, HostStep, StepBatch
 
@@ -62,8 +66,9 @@ Body = Callable[[StepBatch, Any], torch.Tensor]
 
 def capture_sizes(max_num_seqs: int, limit: int = DEFAULT_CAPTURE_LIMIT) -> list[int]:
     """Batch sizes to capture: 1, 2, 4, 8, then steps of 8, up to ``max_num_seqs``
-    and never past ``limit`` (the one rule: :func:`roseinfer.calibration.profile_grid.
-    cuda_graph_batch_sizes`, which the profiler times decodes at). A larger batch
+    and never past ``limit`` (the one rule: :func:`roseinfer.calibration.graph_replay.
+    cuda_graph_batch_sizes`, which the profiler times decodes at and the simulator
+    prices graphs by). A larger batch
     runs eagerly.
 
     Raises:
@@ -98,9 +103,9 @@ class _Place:
 
 
 def mixed_capture_sizes(max_tokens: int) -> list[int]:
-    """Token counts to capture prefill/mixed passes at: the capture sizes from 2
-    (a one-token pass is a decode) up to ``max_tokens``; none below 2."""
-    return [t for t in capture_sizes(max_tokens) if t >= 2] if max_tokens >= 2 else []
+    """Token counts to capture prefill/mixed passes at
+    (:func:`~roseinfer.calibration.graph_replay.mixed_graph_token_sizes`)."""
+    return list(mixed_graph_token_sizes(max_tokens))
 
 
 class _Family:

@@ -48,9 +48,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from roseinfer.calibration.graph_replay import CUDAGRAPH_MODES, DEFAULT_CUDAGRAPH_MODE
 from roseinfer.request import SamplingParams
 
-from . import CUDAGRAPH_MODES
 from . import attention as attn
 from .adapters import ModelAdapter
 from .attention import ATTENTION_BACKENDS
@@ -146,7 +146,7 @@ class ModelRunner:
         num_tier_blocks: int = 0,
         enforce_eager: bool = False,
         adapter: ModelAdapter | None = None,
-        cudagraph_mode: str = "FULL_DECODE_ONLY",
+        cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE,
     ) -> None:
         if max_tokens_per_pass is not None and max_tokens_per_pass < 0:
             raise ValueError(f"max_tokens_per_pass must be >= 0, got {max_tokens_per_pass}")

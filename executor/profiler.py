@@ -36,13 +36,9 @@ import torch
 
 from roseinfer.calibration import OverheadSample, Profile, ProfileSample
 from roseinfer.calibration.cost_model import BatchShape
+from roseinfer.calibration.graph_replay import cuda_graph_batch_sizes
 from roseinfer.calibration.profile import step_samples
-from roseinfer.calibration.profile_grid import (
-    GridLimits,
-    cuda_graph_batch_sizes,
-    grid_counts,
-    profile_grid,
-)
+from roseinfer.calibration.profile_grid import GridLimits, grid_counts, profile_grid
 from roseinfer.calibration.specs import ModelSpec
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepResult, VirtualClock, drive

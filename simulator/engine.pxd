@@ -5,7 +5,6 @@ cimport cython
 from roseinfer.scheduler cimport SchedulerOutput
 
 cdef double _INF
-cdef double _MAX_GRAPH_SEQS
 
 @cython.final
 cdef class _Roofline:
@@ -23,6 +22,8 @@ cdef class _Roofline:
     cdef public double eager_launch_s
     cdef public double imbalance_s_per_token
     cdef public double imbalance_spread_seqs
+    cdef public double graph_max_seqs
+    cdef public double graph_max_tokens
     cpdef double excess_tokens(self, SchedulerOutput out) except? -1
     @cython.locals(compute_s=double, memory_s=double, comm_s=double, launch_s=double,
                    host_s=double, roof_s=double, imbalance_s=double, spread=double)
@@ -41,6 +42,8 @@ cdef class CostModelBackend:
     cdef public object jitter
     cdef public Py_ssize_t stream
     cdef public Py_ssize_t step_index
+    cdef public double _graph_seqs
+    cdef public double _graph_tokens
     cpdef Py_ssize_t decode_run_length(self, SchedulerOutput out, double now_s,
                                        double next_arrival_s, Py_ssize_t max_steps) except? -1
     @cython.locals(roofline=_Roofline, num_seqs=double, context=double, num_steps=Py_ssize_t,

@@ -21,13 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from roseinfer._core import core_info
-from roseinfer.calibration.cost_model import (
-    BatchShape,
-    CostModel,
-    RooflineCostModel,
-    runs_eagerly,
-)
-from roseinfer.calibration.specs import MAX_GRAPH_BATCH_SIZE
+from roseinfer.calibration.cost_model import BatchShape, CostModel, RooflineCostModel
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS
 from roseinfer.config import SchedulerConfig
 from roseinfer.driver import StepObserver, StepResult, VirtualClock, drive
 from roseinfer.metrics.histogram import LogHistogram
@@ -104,7 +99,6 @@ def batch_shape(out: SchedulerOutput) -> BatchShape:
 
 COMPILED = not __file__.endswith(".py")  # built by setup.py: price roofline steps in C
 _INF = math.inf  # NOTE: a C constant in the compiled core (no module lookup per step)
-_MAX_GRAPH_SEQS = float(MAX_GRAPH_BATCH_SIZE)  # NOTE: a C constant too
 
 
 class _Roofline:
@@ -117,7 +111,7 @@ class _Roofline:
         "flops_per_token", "flops_per_seq", "flops_per_attn_pair", "achievable_flops",
         "weight_bytes", "kv_bytes_per_token", "achievable_bandwidth", "overhead_s", "comm_s",
         "comm_s_per_token", "overhead_per_seq_s", "eager_launch_s", "imbalance_s_per_token",
-        "imbalance_spread_seqs",
+        "imbalance_spread_seqs", "graph_max_seqs", "graph_max_tokens",
     )  # fmt: skip
 
     def __init__(self, terms: tuple[float, ...]) -> None:
@@ -126,7 +120,7 @@ class _Roofline:
             self.achievable_flops, self.weight_bytes, self.kv_bytes_per_token,
             self.achievable_bandwidth, self.overhead_s, self.comm_s, self.comm_s_per_token,
             self.overhead_per_seq_s, self.eager_launch_s, self.imbalance_s_per_token,
-            self.imbalance_spread_seqs,
+            self.imbalance_spread_seqs, self.graph_max_seqs, self.graph_max_tokens,
         ) = terms  # fmt: skip
 
     def excess_tokens(self, out: SchedulerOutput) -> float:
@@ -155,9 +149,12 @@ class _Roofline:
         memory_s = (
             self.weight_bytes + self.kv_bytes_per_token * (kv_read_tokens + num_tokens)
         ) / self.achievable_bandwidth
-        launch_s = (  # cost_model.runs_eagerly, inlined in C
-            self.eager_launch_s if num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS else 0.0
-        )
+        launch_s = 0.0  # GraphReplay.runs_eagerly, inlined in C
+        if num_tokens > num_seqs:
+            if num_tokens > self.graph_max_tokens:
+                launch_s = self.eager_launch_s
+        elif num_seqs > self.graph_max_seqs:
+            launch_s = self.eager_launch_s
         imbalance_s = 0.0  # RooflineCostModel.imbalance_s, inlined
         if excess_tokens > 0 and self.imbalance_s_per_token:
             spread = (
@@ -195,7 +192,9 @@ class CostModelBackend:
             cost model saw (when it has a ``sample_range``), else None.
         jitter: the cost model's measured step-time spread
             (:class:`~roseinfer.calibration.jitter.StepJitter`), which multiplies
-            each executed step's time by its own factor; None: medians.
+            each executed step's time by its own factor; None: medians. Its
+            ``graphs`` say which steps are eager (their largest graph-replayed
+            decode batch and pass are kept as ``_graph_seqs``, ``_graph_tokens``).
         step_index: steps executed so far (the next step's jitter index).
     """
 
@@ -203,6 +202,9 @@ class CostModelBackend:
         self.cost_model = cost_model
         self.jump = jump
         self.jitter = getattr(cost_model, "jitter", None)
+        graphs = DECODE_GRAPHS if self.jitter is None else self.jitter.graphs
+        self._graph_seqs = float(graphs.max_decode_seqs)
+        self._graph_tokens = float(graphs.max_mixed_tokens)
         self.stream = stream
         self.step_index = 0
         self._run_times_s = np.empty(0)
@@ -238,7 +240,7 @@ class CostModelBackend:
         times = self.cost_model.decode_run_times_s(np.array(out.decode_contexts), num_steps)
         if self.jitter is not None:
             num_seqs = len(out.decodes)
-            eager_run = bool(runs_eagerly(num_seqs, num_seqs))
+            eager_run = num_seqs > self._graph_seqs
             if eager_run or not self.jitter.eager_only:
                 eager = np.full(num_steps, eager_run)
                 times = times * self.jitter.factors(self.step_index, eager, times, self.stream)
@@ -266,7 +268,7 @@ class CostModelBackend:
         self._run_ends_s = ends
         end_s = now_s
         jitter = self.jitter  # a measured roofline's: eager steps only (decodes past the graphs)
-        eager_run = num_seqs > _MAX_GRAPH_SEQS
+        eager_run = num_seqs > self._graph_seqs
         if jitter is not None and not eager_run and jitter.eager_only:
             jitter = None
         first_step = self.step_index
@@ -312,7 +314,10 @@ class CostModelBackend:
         if self.jitter is not None:
             num_seqs = len(out.prefills) + len(out.decodes)
             num_tokens = out.num_prefill_tokens + len(out.decodes)
-            eager = num_tokens > num_seqs or num_seqs > _MAX_GRAPH_SEQS  # runs_eagerly, inlined
+            if num_tokens > num_seqs:  # GraphReplay.runs_eagerly, inlined
+                eager = num_tokens > self._graph_tokens
+            else:
+                eager = num_seqs > self._graph_seqs
             if eager or not self.jitter.eager_only:
                 step_s = step_s * self.jitter.factor(first_step, eager, step_s, self.stream)
         transfers = out.kv_transfers

@@ -30,6 +30,7 @@ from typing import Any
 
 from roseinfer.argtypes import clip
 from roseinfer.calibration.cost_model import CostModel, RooflineCostModel, make_cost_model
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, GraphReplay
 from roseinfer.config import MAX_NUM_KV_BLOCKS, SchedulerConfig
 from roseinfer.simulator.cluster import ReplicaSpec
 from roseinfer.simulator.setup import (
@@ -75,6 +76,7 @@ class ReplicaDefaults:
         max_model_len: longest request (None: each model's).
         step_jitter: add a measured spec's eager step jitter (``--step-jitter
             measured``).
+        graphs: which steps replay CUDA graphs (``--cudagraph-mode``).
     """
 
     model: str | None = None
@@ -85,6 +87,7 @@ class ReplicaDefaults:
     pool: KVPool = KVPool()
     max_model_len: int | None = None
     step_jitter: bool = False
+    graphs: GraphReplay = DECODE_GRAPHS
 
 
 def copies(
@@ -186,7 +189,8 @@ def configured_replicas(
         pp = entry.get("pipeline_parallel_size", defaults.pipeline_parallel)
         try:
             cost = make_cost_model(model, device, None, tp, pp,
-                                   entry.get("interconnect", defaults.interconnect))  # fmt: skip
+                                   entry.get("interconnect", defaults.interconnect),
+                                   defaults.graphs)  # fmt: skip
         except ValueError as err:
             raise SetupError(f"--replica-config {path}: {err}") from None
         if defaults.step_jitter and isinstance(cost, RooflineCostModel):

@@ -24,6 +24,7 @@ from roseinfer.calibration.cost_model import (
     cost_model_source,
     make_cost_model,
 )
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, GraphReplay
 from roseinfer.calibration.specs import (
     DEVICES,
     DeviceSpec,
@@ -186,11 +187,14 @@ def roofline_setup(
     interconnect: str | None = None,
     *,
     step_jitter: bool = False,
+    graphs: GraphReplay = DECODE_GRAPHS,
 ) -> SimSetup:
     """The roofline of ``model_name`` on ``hardware`` (defaults: :data:`DEFAULT_MODEL`
     on :data:`DEFAULT_HARDWARE`), sharded over ``tensor_parallel`` x
     ``pipeline_parallel`` GPUs joined by ``interconnect``. ``step_jitter``: add a
     measured spec's eager step jitter (``RooflineCostModel.with_step_jitter``).
+    ``graphs``: which steps the priced executor replays from CUDA graphs
+    (``GraphReplay.of_mode`` of ``--cudagraph-mode`` at the run's limits).
 
     Raises:
         SetupError: on an unknown spec, a bad parallel layout, or weights that do
@@ -200,7 +204,7 @@ def roofline_setup(
     device = hardware_spec(hardware or DEFAULT_HARDWARE)
     tp, pp = tensor_parallel, pipeline_parallel
     try:
-        cost_model = make_cost_model(model, device, None, tp, pp, interconnect)
+        cost_model = make_cost_model(model, device, None, tp, pp, interconnect, graphs)
     except ValueError as err:
         raise SetupError(f"--tensor-parallel-size/--pipeline-parallel-size: {err}") from None
     if step_jitter and isinstance(cost_model, RooflineCostModel):
@@ -208,7 +212,7 @@ def roofline_setup(
     num_blocks = default_num_kv_blocks(pool, model, device, tp, pp)
     name = device.name if tp * pp == 1 else f"{device.name} x{tp * pp} (TP{tp} PP{pp})"
     extra = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "num_gpus": tp * pp,
-             "cost_model_source": cost_model_source(cost_model)}  # fmt: skip
+             "cost_model_source": cost_model_source(cost_model), "cudagraph_mode": graphs.mode}  # fmt: skip
     block_size = DEFAULT_BLOCK_SIZE if pool.block_size is None else pool.block_size
     return SimSetup(cost_model, model, name, num_blocks, block_size, model.max_model_len, extra)
 
@@ -221,17 +225,20 @@ def calibrated_setup(
     max_model_len: int | None = None,
     *,
     step_jitter: bool = True,
+    cudagraph_mode: str | None = None,
 ) -> SimSetup:
     """The calibration in ``files``: its fitted step times price the calibrated
     model, its calibrated roofline another ``model_name``; the calibrated KV pool,
     block size, model length and ``--fit-lengths`` are the defaults. Settings that
     differ from the calibrated run are recorded as ``profile_overrides``.
     ``step_jitter`` False prices fitted medians only (no
-    :class:`~roseinfer.calibration.jitter.StepJitter`).
+    :class:`~roseinfer.calibration.jitter.StepJitter`). The steps priced as replayed
+    from CUDA graphs are those the calibrated executor replayed; ``cudagraph_mode``
+    (the flag) must name its mode when given.
 
     Raises:
-        SetupError: on a bad file, or a calibration without a model shape and no
-            ``model_name``.
+        SetupError: on a bad file, a calibration without a model shape and no
+            ``model_name``, or a ``cudagraph_mode`` the calibration did not run.
     """
     # NOTE: imported here: a roofline run never loads the profile readers and fitters
     from roseinfer.calibration.profile import load_calibration
@@ -242,6 +249,7 @@ def calibrated_setup(
     except ProfileError as err:
         raise SetupError(str(err)) from None
     model, other = _calibrated_model(files, model_name, profile)
+    graphs = _calibrated_graphs(profile, cudagraph_mode)
     try:
         defaults = _pool_defaults(profile, other, pool, max_num_seqs)
         cost_model = profile.cost_model(other)
@@ -265,11 +273,28 @@ def calibrated_setup(
         if v is not None and v != profiled[k]
     }
     extra = {"cost_model_file": ",".join(map(str, files)), "profile_overrides": overrides,
-             "cost_model_source": cost_model_source(cost_model)}  # fmt: skip
+             "cost_model_source": cost_model_source(cost_model), "cudagraph_mode": graphs.mode}  # fmt: skip
     how = "fitted step times" if other is None else "calibrated roofline"
     device = f"{profile.executor.get('device', '?')} ({how})"
     return SimSetup(cost_model, model, device, num_blocks, block_size,
                     defaults["max_model_len"], extra, profile.fit_lengths)  # fmt: skip
+
+
+def _calibrated_graphs(profile: Profile, mode: str | None) -> GraphReplay:
+    """Which steps of the simulated run replay graphs: the calibration's.
+
+    Raises:
+        SetupError: when ``mode`` (``--cudagraph-mode``) is not the calibration's.
+    """
+    measured = profile.graphs
+    if mode is not None and mode != measured.mode:
+        ran = "every step eagerly (a CPU, or --enforce-eager)" if not measured.any else (
+            f"--cudagraph-mode {measured.mode}")  # fmt: skip
+        raise SetupError(
+            f"--cudagraph-mode {mode}: the calibration ran {ran}, so its step times price "
+            "that; drop --cudagraph-mode, or calibrate a run of that mode"
+        )
+    return measured
 
 
 def _pool_defaults(

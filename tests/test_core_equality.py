@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from strategies import POLICIES, REGISTRY, configs, workloads
 
 from roseinfer import _core
+from roseinfer.calibration.graph_replay import GraphReplay
 from roseinfer.config import SchedulerConfig
 from roseinfer.interface import PolicyOptions
 from roseinfer.request import Request
@@ -43,6 +44,14 @@ from roseinfer.simulator.engine import Simulator
 
 ROUTERS = sorted(REGISTRY.routers)
 COST = make_cost_model("llama-3.1-8b", "h100-sxm")
+COSTS = {
+    "roofline": COST,
+    # --cudagraph-mode FULL with the spec's measured eager jitter: the launch roof and
+    # the jitter's classes by the other graph rule, in C and in Python
+    "full+jitter": make_cost_model(
+        "llama-3.1-8b", "h100-sxm", graphs=GraphReplay.of_mode("FULL")
+    ).with_step_jitter(),  # type: ignore[attr-defined]
+}
 SCALE = float(os.environ.get("ROSE_EQUALITY_EXAMPLES", "1"))
 
 pytestmark = pytest.mark.skipif(
@@ -158,16 +167,17 @@ def outcome(job: dict[str, Any]) -> dict[str, Any]:
 
 def _outcome(job: dict[str, Any]) -> dict[str, Any]:
     reqs, config = job["requests"], job["config"]
+    cost = COSTS[job.get("cost", "roofline")]
     calls: list = []
     if job.get("replicas"):
         router = REGISTRY.router(job["router"])(seed=0, options={})
-        specs = [ReplicaSpec(f"r{i}", config, COST) for i in range(job["replicas"])]
+        specs = [ReplicaSpec(f"r{i}", config, cost) for i in range(job["replicas"])]
         result = simulate_cluster(
             reqs, specs, router, jump=job["jump"], keep_token_times=job["keep_token_times"]
         )
         schedulers, itls = result.schedulers, result.replica_itl
     else:
-        sim = Simulator(config, COST, jump=job["jump"], keep_token_times=job["keep_token_times"])
+        sim = Simulator(config, cost, jump=job["jump"], keep_token_times=job["keep_token_times"])
         sim.policy = Spy(sim.policy, calls)  # type: ignore[assignment]
         result = sim.run(reqs)
         schedulers, itls = [result.scheduler], [result.itl]
@@ -321,7 +331,7 @@ def test_a_long_run_releasing_steps_is_the_same_on_both_cores(pure: PureCore) ->
             max_num_batched_tokens=512 if chunked else None,
             options=PolicyOptions({"length_predictor": "oracle"} if policy == "srpt" else {}),
         )  # fmt: skip
-        for lean in (False, True):
+        for lean, cost in ((False, "roofline"), (True, "roofline"), (False, "full+jitter")):
             job = {"requests": reqs, "config": config, "jump": True, "keep_token_times": not lean,
-                   "release_min_held": 64}  # fmt: skip
+                   "release_min_held": 64, "cost": cost}  # fmt: skip
             assert_same(job, pure)

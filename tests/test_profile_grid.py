@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from roseinfer.calibration.graph_replay import cuda_graph_batch_sizes
 from roseinfer.calibration.profile_grid import (
     GridLimits,
-    cuda_graph_batch_sizes,
     decode_batch_sizes,
     grid_counts,
     profile_grid,

@@ -423,7 +423,8 @@ def test_a_gpu_profile_fits_the_eager_launches_and_the_decode_tail() -> None:
     """A profile taken with CUDA graphs and a splitting kernel fits the GPU terms:
     an eager step's launches and a skewed decode batch's tail, which the linear
     basis alone cannot price (it misses the skewed batches by far more)."""
-    from roseinfer.calibration.profile_grid import GridLimits, cuda_graph_batch_sizes, profile_grid
+    from roseinfer.calibration.graph_replay import cuda_graph_batch_sizes
+    from roseinfer.calibration.profile_grid import GridLimits, profile_grid
     from roseinfer.calibration.step_model import GPU_TERMS, decode_spread_seqs
     from roseinfer.executor.profiler import batch_shape_of
 
@@ -542,24 +543,64 @@ def test_a_gpu_step_model_round_trips_through_json(tmp_path) -> None:
     assert model.decode_spread_seqs == 528 / GPT2.num_kv_heads
 
 
-def test_a_calibration_measured_with_prefill_graphs_is_refused_by_name(tmp_path):
-    """A profile taken with ``--cudagraph-mode FULL`` (prefill passes replayed from
-    graphs) would be priced as if its prefills were launched eagerly: loading it
-    says so, with the fix; ``rose-run profile`` refuses the mode before it loads a
-    model."""
+FULL_EXECUTOR = {
+    "cuda_graph_batch_sizes": [1, 2, 4, 8], "decode_split_programs": 528,
+    "cudagraph_mode": "FULL", "cuda_graph_token_sizes": [2, 4, 8, 16, 24, 32],
+}  # fmt: skip
+
+
+def full_price(shape: BatchShape) -> float:
+    """:func:`gpu_price` for an executor that also replays passes of up to 32 new
+    tokens from graphs (``--cudagraph-mode FULL``): no launch term for them."""
+    t = shape.totals()
+    replayed = t.num_tokens > t.num_seqs and t.num_tokens <= 32
+    return gpu_price(shape) - (5e-3 if replayed else 0.0)
+
+
+def test_a_full_mode_profile_prices_its_replayed_prefills_without_launches(tmp_path) -> None:
+    """A profile taken with ``--cudagraph-mode FULL`` records the token counts it
+    captured; its step model's eager term then covers only longer passes, so a
+    short prompt is priced at its GPU time (5 ms less than an eager one) and a long
+    one keeps its launches. It round-trips through JSON with the same rule."""
+    samples = [ProfileSample("x", s, (full_price(s),) * 3) for _, s in grid_shapes()]
+    base = make_profile(samples).executor
+    full = Profile.create(
+        model_name="gpt2", model_spec=GPT2, samples=samples, environment={},
+        executor={**base, **FULL_EXECUTOR}, use="linear",
+    )  # fmt: skip
+    assert full.graphs.mode == "FULL" and full.graphs.max_mixed_tokens == 32
+    cost = full.cost_model()
+    assert cost.graphs == full.graphs
+    for n in (8, 24, 32, 100, 1000):
+        shape = BatchShape([n], [n], [])
+        assert cost.step_time_s(shape) == pytest.approx(full_price(shape), rel=1e-3), n
+    # the same samples fitted as if every prefill had launched eagerly price short ones high
+    decode_only = Profile.create(
+        model_name="gpt2", model_spec=GPT2, samples=samples, environment={}, use="linear",
+        executor={**base, **FULL_EXECUTOR, "cudagraph_mode": "FULL_DECODE_ONLY",
+                  "cuda_graph_token_sizes": []},
+    )  # fmt: skip
+    short = BatchShape([24], [24], [])
+    assert decode_only.cost_model().step_time_s(short) > 1.02 * full_price(short)
+    full.save(tmp_path / "full.json")
+    again = load_profile(tmp_path / "full.json")
+    assert again.cost_model().step_time_s(short) == cost.step_time_s(short)
+
+
+def test_calibrations_of_two_graph_modes_are_not_pooled(tmp_path) -> None:
+    """One step model prices one graph rule: pooling a ``FULL`` profile with a
+    ``FULL_DECODE_ONLY`` one (or a CPU one) is refused in one line naming both."""
     from roseinfer.calibration.profile import load_calibration
 
-    profile = make_profile(samples_from(linear_price))
-    path = tmp_path / "full.json"
-    dataclasses.replace(profile, executor={**profile.executor, "cudagraph_mode": "FULL"}).save(path)
-    with pytest.raises(ProfileError, match="--cudagraph-mode FULL.*FULL_DECODE_ONLY"):
-        load_calibration([path])
-    profile.save(tmp_path / "ok.json")
-    assert load_calibration([tmp_path / "ok.json"]).samples
-    proc = subprocess.run(
-        [sys.executable, "-m", "roseinfer.cli.run", "profile", "--cudagraph-mode", "FULL",
-         "--output", str(tmp_path / "p.json")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "FULL_DECODE_ONLY" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    samples = samples_from(gpu_price)
+    cpu = make_profile(samples)
+    decode_only = dataclasses.replace(
+        cpu, executor={**cpu.executor, **FULL_EXECUTOR, "cuda_graph_token_sizes": []}
+    )
+    full = dataclasses.replace(cpu, executor={**cpu.executor, **FULL_EXECUTOR})
+    for name, profile in (("cpu", cpu), ("decode", decode_only), ("full", full)):
+        profile.save(tmp_path / f"{name}.json")
+    assert load_calibration([tmp_path / "full.json", tmp_path / "full.json"]).graphs.mode == "FULL"
+    for other in ("cpu", "decode"):
+        with pytest.raises(ProfileError, match=r"full\.json ran its CUDA graphs as FULL and"):
+            load_calibration([tmp_path / "full.json", tmp_path / f"{other}.json"])

@@ -19,8 +19,9 @@ from roseinfer.calibration.cost_model import (
     cost_model_source,
     make_cost_model,
 )
+from roseinfer.calibration.graph_replay import cuda_graph_batch_sizes
 from roseinfer.calibration.profile import load_calibration
-from roseinfer.calibration.profile_grid import GridLimits, cuda_graph_batch_sizes, profile_grid
+from roseinfer.calibration.profile_grid import GridLimits, profile_grid
 from roseinfer.calibration.roofline_fit import fit_device_constants
 from roseinfer.calibration.specs import (
     DATASHEET_DEVICES,

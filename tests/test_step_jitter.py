@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roseinfer.calibration import ProfileSample
+from roseinfer.calibration.graph_replay import DECODE_GRAPHS, NO_GRAPHS
 from roseinfer.calibration.jitter import CHUNK_STEPS, MIN_REPETITIONS, StepJitter
 from roseinfer.config import SchedulerConfig
 from roseinfer.simulator import BatchShape, simulate
@@ -30,13 +31,13 @@ DECODES = [(32.0, 32.0, (0.008, 0.00816, 0.00784)) for _ in range(20)]
 
 def test_shapes_timed_once_carry_no_jitter() -> None:
     once = [(64.0, 1.0, (0.01,))] * 100
-    assert StepJitter.of_repetitions(once, graphs=False) is None
+    assert StepJitter.of_repetitions(once, NO_GRAPHS) is None
     few = [(64.0, 1.0, (0.01, 0.02))] * (MIN_REPETITIONS // 2 - 1)
-    assert StepJitter.of_repetitions(few, graphs=False) is None
+    assert StepJitter.of_repetitions(few, NO_GRAPHS) is None
 
 
 def test_eager_steps_and_graph_decodes_draw_from_their_own_pools() -> None:
-    jitter = StepJitter.of_repetitions(SMALL + DECODES, graphs=True)
+    jitter = StepJitter.of_repetitions(SMALL + DECODES, DECODE_GRAPHS)
     assert jitter is not None
     n = 4000
     eager = jitter.factors(0, np.ones(n, bool), np.full(n, 0.01))
@@ -46,13 +47,13 @@ def test_eager_steps_and_graph_decodes_draw_from_their_own_pools() -> None:
     # the 3x repetition is one in four of the small shapes: drawn about that often
     assert 0.2 < float(np.mean(eager == 3.0)) < 0.3
     # without CUDA graphs one pool prices every step
-    flat = StepJitter.of_repetitions(SMALL + DECODES, graphs=False)
+    flat = StepJitter.of_repetitions(SMALL + DECODES, NO_GRAPHS)
     assert flat is not None and not flat.graph and len(flat.eager) == 40
 
 
 def test_a_step_draws_from_the_shapes_of_its_own_size() -> None:
     """A host hiccup stretches a launch-bound step, not a GPU-bound one."""
-    jitter = StepJitter.of_repetitions(SMALL + LARGE, graphs=False)
+    jitter = StepJitter.of_repetitions(SMALL + LARGE, NO_GRAPHS)
     assert jitter is not None
     n = 2000
     small = jitter.factors(0, np.ones(n, bool), np.full(n, 0.012))
@@ -71,7 +72,7 @@ def test_a_step_draws_from_the_shapes_of_its_own_size() -> None:
 def test_factors_depend_only_on_the_step_index(first: int, n: int, seed: int, stream: int) -> None:
     """A run priced at once gets, step for step, the factors of one-by-one pricing
     (across chunk boundaries), and every factor is a measured ratio."""
-    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, graphs=True)
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, DECODE_GRAPHS)
     assert base is not None
     jitter = StepJitter(base.eager, base.graph, seed)
     rng = np.random.default_rng(first + n)
@@ -87,7 +88,7 @@ def test_factors_depend_only_on_the_step_index(first: int, n: int, seed: int, st
 
 
 def test_seed_and_stream_change_the_draws() -> None:
-    base = StepJitter.of_repetitions(SMALL + DECODES, graphs=True)
+    base = StepJitter.of_repetitions(SMALL + DECODES, DECODE_GRAPHS)
     assert base is not None
     n = 500
     eager, times = np.ones(n, bool), np.full(n, 0.01)
@@ -199,7 +200,7 @@ def test_one_step_lookup_equals_the_array_one_on_pool_boundaries(
 ) -> None:
     """:meth:`StepJitter.factor` (no numpy) and :meth:`StepJitter.factors` pick the
     same ratio, also for times exactly on a boundary between two pools."""
-    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES + MIDDLE, graphs=True)
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES + MIDDLE, DECODE_GRAPHS)
     assert base is not None
     jitter = StepJitter(base.eager, base.graph, seed)
     bounds = [float(t) for pools in jitter._pools.values() for t in pools.thresholds]
@@ -215,7 +216,7 @@ MIDDLE = [(512.0, 2.0, (0.020, 0.022, 0.020, 0.025)) for _ in range(5)]
 
 
 def test_an_eager_only_jitter_leaves_graph_decodes_at_their_median() -> None:
-    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, graphs=True)
+    base = StepJitter.of_repetitions(SMALL + LARGE + DECODES, DECODE_GRAPHS)
     assert base is not None
     jitter = StepJitter(base.eager, (), eager_only=True)
     n = 400
@@ -228,7 +229,7 @@ def test_an_eager_only_jitter_leaves_graph_decodes_at_their_median() -> None:
         jitter.mean_factors(np.array([False, True]), np.array([0.01, 0.01])),
         [1.0, base.mean_factors(np.array([True]), np.array([0.01]))[0]],
     )
-    assert "graph decodes at medians" in jitter.summary()
+    assert "graph-replayed steps at medians" in jitter.summary()
     with pytest.raises(ValueError, match="eager-only"):
         StepJitter(base.eager, base.graph, eager_only=True)
 

@@ -376,3 +376,11 @@ def test_tuning_keeps_the_first_candidate_within_the_margin_of_the_fastest() -> 
     # a noisy re-timing that stays inside the margin keeps the same choice
     for jitter in (0.99, 1.0, 1.01):
         assert steady_pick([(10.0 * jitter, a), (10.0, b)]) == a
+
+
+def test_the_simulator_knows_the_backends_graph_replayed_passes() -> None:
+    """rose-sim prices ``--cudagraph-mode FULL`` by the largest pass this backend
+    replays (``graph_replay.MIXED_GRAPH_MAX_TOKENS``): the two numbers are one."""
+    from roseinfer.calibration.graph_replay import MIXED_GRAPH_MAX_TOKENS
+
+    assert TritonBackend.mixed_graph_max_tokens == MIXED_GRAPH_MAX_TOKENS

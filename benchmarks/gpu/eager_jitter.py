@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from roseinfer.calibration.graph_replay import CUDAGRAPH_MODES
+
 VARIANTS = ("same", "fresh", "after-decode", "after-idle")
 STRETCH = 1.25  # a step over this many times its bucket's median counts as stretched
 
@@ -56,8 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-ms", type=float, default=20.0)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--cudagraph-mode", choices=("FULL_DECODE_ONLY", "FULL"),
-                   default="FULL_DECODE_ONLY",
+    p.add_argument("--cudagraph-mode", choices=CUDAGRAPH_MODES, default=CUDAGRAPH_MODES[0],
                    help="FULL replays the prefills from graphs (rose-run's flag): whether "
                    "replayed prefills still stretch")  # fmt: skip
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated (all four)")

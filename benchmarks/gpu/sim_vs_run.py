@@ -55,7 +55,12 @@ def cost_models(base: CostModel, calibrations: Sequence[str]) -> dict[str, CostM
         datasheet = DATASHEET_DEVICES[base.device.name]
         if datasheet != base.device:
             out[f"roofline {datasheet.name}, datasheet constants"] = RooflineCostModel(
-                base.model, datasheet, base.tensor_parallel, base.pipeline_parallel, base.link
+                base.model,
+                datasheet,
+                base.tensor_parallel,
+                base.pipeline_parallel,
+                base.link,
+                base.graphs,
             )
     for item in calibrations:
         model = load_calibration(item.split(",")).cost_model()

@@ -31,8 +31,8 @@ import numpy as np
 
 import roseinfer.calibration.step_model as step_model
 from roseinfer.calibration.cost_model import BatchShape, CostModel, make_cost_model
+from roseinfer.calibration.graph_replay import GraphReplay
 from roseinfer.calibration.profile import load_calibration
-from roseinfer.calibration.specs import runs_eagerly
 from roseinfer.calibration.steplog import load_step_log
 
 DECODE_CLASSES = ((1, 64), (64, 128), (128, 200), (200, 257))
@@ -40,10 +40,14 @@ PREFILL_CLASSES = ((0, 512), (512, 1024), (1024, 2049), (2049, 1 << 20))
 STRETCHED = 1.5
 
 
-def log_table(path: Path, profile: CostModel, roofline: CostModel) -> list[str]:
-    """The per-class lines of one step log."""
+def log_table(path: Path, profile: CostModel, model: str, hardware: str) -> list[str]:
+    """The per-class lines of one step log (the roofline of ``model`` on ``hardware``
+    replaying the graphs the logged run replayed)."""
+    log = load_step_log(path)
+    graphs = GraphReplay.of_executor(log.header.get("executor") or {})
+    roofline = make_cost_model(model, hardware, graphs=graphs)
     rows = []
-    for r in load_step_log(path).records:
+    for r in log.records:
         if r.duration_s > 0:
             t = r.shape.totals()
             rows.append((r.kind, t.num_seqs, t.num_tokens, r.duration_s,
@@ -76,7 +80,7 @@ def profile_lines(path: Path, prompts: Sequence[int]) -> list[str]:
     reps, draws, big = [], 0, 0
     for s in profile.samples:
         t = s.shape.totals()
-        if not runs_eagerly(t.num_tokens, t.num_seqs):
+        if not profile.graphs.runs_eagerly(t.num_tokens, t.num_seqs):
             continue
         if len(s.times_s) > 1 and s.median_s < 0.020:
             reps.extend(np.asarray(s.times_s) / s.median_s)
@@ -117,9 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [int(v) for v in args.prompts.split(",") if v]
     print("\n".join(profile_lines(args.calibration, prompts)))
     profile = load_calibration([args.calibration]).cost_model().without_jitter()
-    roofline = make_cost_model(args.model, args.hardware)
     for path in args.steps:
-        print("\n".join(log_table(path, profile, roofline)))
+        print("\n".join(log_table(path, profile, args.model, args.hardware)))
     return 0
 
 
