@@ -309,7 +309,7 @@ class Engine:
             SeqInput(
                 item.seq.token_ids(item.num_computed_tokens, item.num_context_tokens),
                 item.num_computed_tokens,
-                bm.block_table(item.seq),
+                bm.block_ids(item.seq),  # read before the scheduler allocates again
             )
             for item in out.scheduled
         ]

@@ -30,6 +30,7 @@ extra sequence of length 0.
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -111,16 +112,36 @@ class StepBatch:
         }
 
 
+def used_block_ids(seqs: Sequence[SeqInput], num_blocks: np.ndarray) -> np.ndarray:
+    """``[sum(num_blocks)]`` int64: each sequence's first ``num_blocks[i]`` block ids,
+    in sequence order. A table held as ``array('i')`` (the block manager's own,
+    ``BlockManager.block_ids``) is read through its buffer, with no Python int per
+    id: at 256 decodes of 64 blocks the per-id reads took 1.1 ms of a step's host
+    work (``benchmarks/decode_host.py``).
+
+    Raises:
+        ValueError: if a table is shorter than its count (the runner checks first).
+    """
+    parts = [
+        np.frombuffer(t, np.intc, k) if isinstance(t, array) else np.asarray(t[:k], np.int64)
+        for t, k in zip((s.block_table for s in seqs), num_blocks.tolist())
+    ]
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+
+
 def host_arrays(
     seqs: Sequence[SeqInput],
     block_size: int,
     pad_to: int | None = None,
     pad_tokens_to: int | None = None,
+    block_ids: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], HostStep]:
     """The pass's fields as int64 numpy arrays (see the module doc).
 
     Args:
         seqs: checked runner inputs (``ModelRunner`` checks them).
+        block_ids: :func:`used_block_ids` of ``seqs`` when the caller read them
+            already (None: read here).
         pad_to: for a decode batch (one token each), the row count to pad to.
         pad_tokens_to: for a prefill or mixed pass (a CUDA graph of this many
             tokens), the token count to pad to: one more sequence owns the
@@ -142,10 +163,11 @@ def host_arrays(
     positions = np.arange(num_tokens, dtype=np.int64)
     positions += np.repeat(starts - query_start_loc[:-1], query_lens)
     num_blocks = -(-seq_lens // block_size)
-    block_tables = np.zeros((num_seqs, int(num_blocks.max())), np.int64)
-    for i, seq in enumerate(seqs):
-        n = int(num_blocks[i])
-        block_tables[i, :n] = seq.block_table[:n]
+    width = int(num_blocks.max())
+    block_tables = np.zeros((num_seqs, width), np.int64)
+    if block_ids is None:
+        block_ids = used_block_ids(seqs, num_blocks)
+    block_tables[np.arange(width) < num_blocks[:, None]] = block_ids
     seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
     slots = block_tables[seq_of_token, positions // block_size] * block_size
     slots += positions % block_size
@@ -236,6 +258,7 @@ class InputBatch:
         num_kv_blocks: int,
         pad_to: int | None = None,
         pad_tokens_to: int | None = None,
+        block_ids: np.ndarray | None = None,
     ) -> StepBatch:
         """The pass's :class:`StepBatch` (one host-to-device copy on CUDA).
 
@@ -246,8 +269,9 @@ class InputBatch:
             pad_to: pad a decode batch to this many rows (CUDA graphs).
             pad_tokens_to: pad a prefill or mixed pass to this many tokens, plus
                 one padding sequence (CUDA graphs; :func:`host_arrays`).
+            block_ids: the pass's :func:`used_block_ids`, when already read.
         """
-        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to)
+        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, block_ids)
         max_query_len = int(host.query_lens.max())
         extra = host_fields(host.query_lens, max_query_len)
         arrays = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]

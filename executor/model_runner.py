@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -56,7 +57,7 @@ from .adapters import ModelAdapter
 from .attention import ATTENTION_BACKENDS
 from .attn_base import AttentionBackend, BackendUnavailable
 from .graph_runner import GraphRunner
-from .input_batch import InputBatch, StepBatch
+from .input_batch import InputBatch, StepBatch, used_block_ids
 from .kv_cache import KVCache, block_bytes
 from .kv_cache import copy_batches as _copy_batches  # noqa: F401 - re-exported for tests
 from .models import make_adapter
@@ -86,7 +87,9 @@ class SeqInput:
         start_pos: tokens of this sequence already in the KV cache (a prefix
             cache hit, or earlier steps).
         block_table: KV block ids covering positions ``[0, start_pos +
-            len(token_ids))``; extra trailing blocks are ignored.
+            len(token_ids))``; extra trailing blocks are ignored. A list, or the
+            block manager's own ``array('i')`` (``BlockManager.block_ids``, read
+            through its buffer during :meth:`ModelRunner.forward`).
     """
 
     token_ids: Sequence[int]
@@ -402,16 +405,18 @@ class ModelRunner:
                 longer than the model allows (GPT-2 positions, sliding window).
         """
         start = time.perf_counter()
-        self._check(seqs)
+        checked = self._check(seqs)
         passes = split_passes(seqs, self.max_tokens_per_pass)
+        # the checked ids are the whole step's: a step of several passes reads each pass's
+        ids = checked if len(passes) == 1 else None
         try:
-            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+            last = [self._run_pass(pieces, emit, ids) for pieces, emit in passes]
         except BackendUnavailable as e:
             # Re-running is safe: the K/V already written are written again, same bits.
             logger.warning("%s attention failed (%s); using sdpa from now on", self.backend.name, e)
             self.backend = attn.make_backend("sdpa")
             self.release_cuda_graphs()
-            last = [self._run_pass(pieces, emit) for pieces, emit in passes]
+            last = [self._run_pass(pieces, emit, ids) for pieces, emit in passes]
         hidden = last[0] if len(last) == 1 else torch.cat(last)
         logits = self.adapter.logits(hidden).float()
         if self.host_times_s is not None:
@@ -429,30 +434,54 @@ class ModelRunner:
         return sample_tokens(logits, params, generators)
 
     # ------------------------------------------------------------ private
-    def _check(self, seqs: Sequence[SeqInput]) -> None:
+    def _check(self, seqs: Sequence[SeqInput]) -> np.ndarray:
+        """Every rule of :func:`_check_seq` over all ``seqs`` at once with numpy; when
+        one fails, the per-sequence check names the first sequence that breaks it.
+
+        Returns:
+            the block ids the step uses (:func:`~roseinfer.executor.input_batch.
+            used_block_ids`), which a one-pass step's input batch reuses.
+        """
         if not seqs:
             raise ValueError("forward needs at least one sequence")
         num_blocks, max_ctx = self.num_kv_blocks, self.shape.max_context_tokens
+        n = len(seqs)
+        queries = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)
+        starts = np.fromiter((s.start_pos for s in seqs), np.int64, n)
+        tables = np.fromiter((len(s.block_table) for s in seqs), np.int64, n)
+        contexts = starts + queries
+        needed = -(-contexts // self.block_size)
+        bad = (queries < 1) | (starts < 0) | (tables < needed)
+        if max_ctx is not None:
+            bad |= contexts > max_ctx
+        if not bad.any():
+            ids = used_block_ids(seqs, needed)
+            if not ids.size or (ids.min() >= 0 and ids.max() < num_blocks):
+                return ids
         for seq_idx, seq in enumerate(seqs):
             _check_seq(seq_idx, seq, self.block_size, num_blocks, max_ctx)
+        raise AssertionError("the vectorized check and the per-sequence one disagree")
 
-    def _run_pass(self, seqs: Sequence[SeqInput], emit: list[bool]) -> torch.Tensor:
+    def _run_pass(
+        self, seqs: Sequence[SeqInput], emit: list[bool], ids: np.ndarray | None = None
+    ) -> torch.Tensor:
         """All layers over one pass; hidden states ``[sum(emit), hidden]`` of the
-        last token of each sequence with ``emit`` set."""
+        last token of each sequence with ``emit`` set (``ids``: the pass's used block
+        ids when :meth:`_check` read them already)."""
         build, num_blocks = self.input_batch.build, self.num_kv_blocks
         padded = self._graph_size(seqs)
         if padded is not None:
             assert self.graphs is not None
-            batch = build(seqs, self.backend.host_fields, num_blocks, pad_to=padded)
+            batch = build(seqs, self.backend.host_fields, num_blocks, pad_to=padded, block_ids=ids)
             return self.graphs.run(batch)[: len(seqs)]  # decodes: every row emits
         tokens = self._graph_tokens(seqs)
         if tokens is not None:
             assert self.graphs is not None
             fields = self.graphs.graph_host_fields(tokens)
-            batch = build(seqs, fields, num_blocks, pad_tokens_to=tokens)
+            batch = build(seqs, fields, num_blocks, pad_tokens_to=tokens, block_ids=ids)
             hidden = self.graphs.run_mixed(batch)
         else:
-            batch = build(seqs, self.backend.host_fields, num_blocks)
+            batch = build(seqs, self.backend.host_fields, num_blocks, block_ids=ids)
             hidden = self._body(batch, self.backend.build_metadata(batch))
         last = batch.last_token_indices[: len(seqs)]  # not the padding sequence's
         if not all(emit):

@@ -236,6 +236,15 @@ class BlockManager:
         table = self._tables.get(seq.seq_id)
         return [] if table is None else table.tolist()
 
+    def block_ids(self, seq: Sequence) -> array:
+        """The block ids of ``seq`` in position order as the manager holds them, an
+        ``array('i')`` (not a copy: read it before the manager allocates or frees
+        again; empty if it holds none). The executor reads it through its buffer
+        (:func:`~roseinfer.executor.input_batch.used_block_ids`); :meth:`block_table`
+        is the copy."""
+        table = self._tables.get(seq.seq_id)
+        return array("i") if table is None else table
+
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
         return -(-num_tokens // self.block_size)

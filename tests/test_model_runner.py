@@ -257,6 +257,72 @@ def test_bad_inputs_raise_value_error():
         runner_for(tiny("tiny-gpt2"), attention_backend="magic")
 
 
+def test_the_vectorized_check_names_what_the_per_sequence_one_names():
+    """``forward`` checks a whole step with numpy and, when something is wrong, names
+    the first bad sequence exactly as checking one by one does; a good step passes
+    both (block tables as lists or as the block manager's ``array('i')``)."""
+    from array import array
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    runner = runner_for(tiny("tiny-gpt2"))  # 256 positions, 64 blocks of 4
+    seq = st.builds(
+        lambda n, start, table, as_array: SeqInput(
+            [1] * n, start, array("i", table) if as_array else table
+        ),
+        st.integers(0, 3), st.integers(-1, 256), st.lists(st.integers(-1, 64), max_size=66),
+        st.booleans(),
+    )  # fmt: skip
+
+    @settings(max_examples=150, deadline=None)
+    @given(seqs=st.lists(seq, min_size=1, max_size=5))
+    def check(seqs: list[SeqInput]) -> None:
+        expected = None
+        for i, s in enumerate(seqs):
+            try:
+                model_runner._check_seq(i, s, 4, 64, runner.shape.max_context_tokens)
+            except ValueError as err:
+                expected = str(err)
+                break
+        try:
+            ids = runner._check(seqs)
+        except ValueError as err:
+            assert str(err) == expected
+        else:
+            assert expected is None
+            used = [
+                b
+                for s in seqs
+                for b in list(s.block_table)[: -(-(s.start_pos + len(s.token_ids)) // 4)]
+            ]
+            assert ids.tolist() == used
+
+    check()
+
+
+def test_block_ids_are_the_managers_table_read_in_place():
+    """The engine hands the runner the block manager's own table (no per-id copy);
+    it equals the copy ``block_table`` gives, and the input batch reads the same
+    rows from it as from a list."""
+    from roseinfer.block_manager import BlockManager
+    from roseinfer.executor.input_batch import host_arrays
+    from roseinfer.request import Request
+    from roseinfer.sequence import Sequence
+
+    bm = BlockManager(num_blocks=32, block_size=4, enable_prefix_caching=False)
+    seqs = [Sequence(i, Request(f"r{i}", 0.0, n, 4)) for i, n in enumerate((5, 13, 1))]
+    for s in seqs:
+        bm.allocate(s)
+    assert all(list(bm.block_ids(s)) == bm.block_table(s) for s in seqs)
+    live = [SeqInput([1], s.num_prompt_tokens - 1, bm.block_ids(s)) for s in seqs]
+    copied = [SeqInput([1], s.num_prompt_tokens - 1, bm.block_table(s)) for s in seqs]
+    a, b = host_arrays(live, 4, pad_to=4), host_arrays(copied, 4, pad_to=4)
+    assert a[1].block_tables.tolist() == b[1].block_tables.tolist()
+    assert all((a[0][k] == b[0][k]).all() for k in a[0])
+    runner_for(tiny("tiny-gpt2"))._check(live)
+
+
 def test_unknown_model_name_lists_known_names():
     with pytest.raises(ValueError, match="tiny-llama.*local directory"):
         build_model("no-such-model", seed=0, dtype=torch.float32, device="cpu")
@@ -477,3 +543,28 @@ def test_host_time_is_recorded_per_forward_when_asked():
     runner.forward([SeqInput([4], 3, [0])])
     runner.forward([SeqInput([5], 4, [0, 1])])
     assert len(runner.host_times_s) == 2 and all(t > 0 for t in runner.host_times_s)
+
+
+def test_the_decode_host_benchmark_times_each_part(tmp_path):
+    """``benchmarks/decode_host.py`` at a tiny size: every part of a decode step's
+    host work is timed and positive, here and against a "baseline" python."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_host.py"
+    sys.path.insert(0, str(script.parent))
+    try:
+        import decode_host
+    finally:
+        sys.path.remove(str(script.parent))
+    parts = decode_host.measure(4, steps=3, warmup=1)
+    assert set(parts) == {"plan", "inputs", "forward", "rest", "total"}
+    assert parts["forward"] > 0 and parts["total"] >= parts["forward"]
+    done = subprocess.run(
+        [sys.executable, str(script), "--batch-sizes", "2", "--steps", "2", "--warmup", "1",
+         "--rounds", "1", "--baseline-python", sys.executable],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "this/base" in done.stdout
