@@ -109,8 +109,9 @@ def _add_cost_model_args(g: argparse._ArgumentGroup) -> None:
         "executor's step-to-step spread. 'profile' (default): with --cost-model PROFILE, the "
         "profile's own (eager steps and CUDA-graph decodes apart); rooflines price medians. "
         "'measured': that, and with a measured --hardware spec (h100-sxm) its fitted "
-        "profiles' eager steps (graph decodes at their roofline time). 'off': every step at "
-        "its median. Step logs and unmeasured specs carry no repetitions",
+        "profiles' eager steps (steps replayed from graphs, by --cudagraph-mode, at their "
+        "roofline time). 'off': every step at its median. Step logs and unmeasured specs "
+        "carry no repetitions",
     )
     g.add_argument(
         "--no-jump",
