@@ -390,15 +390,6 @@ class RooflineCostModel:
         out.jitter = eager_jitter(self.device.eager_step_ratios, self.graphs)
         return out
 
-    def with_graphs(self, graphs: GraphReplay) -> RooflineCostModel:
-        """This roofline pricing an executor that replays ``graphs`` (its step
-        jitter, if any, classifying steps by them too)."""
-        out = copy.copy(self)
-        out.graphs = graphs
-        if self.jitter is not None:
-            out.jitter = replace(self.jitter, graphs=graphs)
-        return out
-
     def _communication(self) -> tuple[float, float]:
         """(seconds per step, seconds per computed token) of the collectives."""
         link, tp, pp = self.link, self.tensor_parallel, self.pipeline_parallel

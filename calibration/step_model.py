@@ -681,11 +681,6 @@ def eager_draws(
     return out
 
 
-def step_model_graphs(model: StepModel) -> GraphReplay:
-    """The graph rule a step model prices its eager term by."""
-    return model.graphs if isinstance(model, LinearStepModel) else model.fallback.graphs
-
-
 def decode_spread_seqs(executor: Mapping[str, Any], num_kv_heads: int | None) -> float:
     """The decode batch at which a profiled executor's attention stops splitting
     keys: its ``decode_split_programs`` (recorded on CUDA with CUDA graphs) over
@@ -851,7 +846,8 @@ class ProfiledCostModel:
     @property
     def graphs(self) -> GraphReplay:
         """Which steps it prices as replayed from CUDA graphs (its step model's rule)."""
-        return step_model_graphs(self.model)
+        model = self.model
+        return model.graphs if isinstance(model, LinearStepModel) else model.fallback.graphs
 
     def without_jitter(self) -> ProfiledCostModel:
         """The same model pricing every step at its fitted median."""
