@@ -83,6 +83,29 @@ def padded_size(num_seqs: int, sizes: Sequence[int]) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
+class GraphCaptureError(ValueError):
+    """CUDA refused to capture one graph (the driver invalidated the capture).
+
+    Seen once on an H100 (2026-11-27, torch 2.11, Triton 3.6): ``--cudagraph-mode
+    FULL --max-model-len 8192``, the first process on a fresh machine, while the
+    memory planner captured a prefill/mixed pass
+    (``benchmarks/gpu/results/h100-2026-11-27d-full/check19-parts/a.txt``). A
+    ``ValueError``, so the CLIs print it as one ``error:`` line naming the flag
+    that avoids it."""
+
+    @classmethod
+    def of(cls, mixed: bool, size: int, err: BaseException) -> GraphCaptureError:
+        """The error for a pass of ``size`` tokens (``mixed``) or a decode batch of
+        ``size`` sequences, quoting the first line of CUDA's ``err``."""
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if mixed:
+            what = f"prefill/mixed pass of {size} tokens"
+            fix = "--cudagraph-mode FULL_DECODE_ONLY (those passes eager) or --enforce-eager"
+        else:
+            what, fix = f"decode batch of {size} sequences", "--enforce-eager (no CUDA graphs)"
+        return cls(f"capturing the CUDA graph of a {what} failed ({first}); run with {fix}")
+
+
 @dataclass(slots=True)
 class _Captured:
     """One captured size: its graph (None when eager), metadata and input views."""
@@ -395,8 +418,13 @@ class GraphRunner:
             return _Captured(None, meta, batch)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            family.out[:size].copy_(self.body(batch, meta))
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                family.out[:size].copy_(self.body(batch, meta))
+        except torch.cuda.OutOfMemoryError:
+            raise  # the memory planner names the flags for this one
+        except RuntimeError as err:
+            raise GraphCaptureError.of(family.mixed, size, err) from err
         return _Captured(graph, meta, batch)
 
     def _decode_fields(self, max_bs: int) -> dict[str, np.ndarray]:

@@ -21,7 +21,11 @@ if not torch.cuda.is_available():  # before anything imports triton
 from test_model_runner import prompts_of, tiny  # noqa: E402
 
 from roseinfer.config import SchedulerConfig  # noqa: E402
-from roseinfer.executor.graph_runner import capture_sizes, padded_size  # noqa: E402
+from roseinfer.executor.graph_runner import (  # noqa: E402
+    GraphCaptureError,
+    capture_sizes,
+    padded_size,
+)
 from roseinfer.executor.input_batch import InputBatch, host_arrays  # noqa: E402
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
 from roseinfer.executor.warmup import warm_up  # noqa: E402
@@ -284,3 +288,49 @@ def test_any_small_pass_replays_as_it_runs_eagerly():
             assert used
 
     check()
+
+
+class _InvalidatedCapture:
+    """``torch.cuda.graph`` whose capture CUDA invalidated (as on the H100)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        raise RuntimeError(
+            "CUDA error: operation failed due to a previous error during capture\nSearch for ..."
+        )
+
+
+@needs_triton
+def test_a_refused_capture_is_one_error_line_naming_the_flag(monkeypatch):
+    """A capture CUDA refuses is a ``ValueError`` (one CLI error line) naming the
+    pass and the flag that avoids it; an out-of-memory stays one (the memory
+    planner names the flags for it)."""
+    model = tiny("tiny-llama").to(DEVICE)
+    runner = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=24)
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    graphs = runner.graphs
+    monkeypatch.setattr(torch.cuda, "graph", _InvalidatedCapture)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(graphs, "use_cuda_graphs", True)
+    with pytest.raises(GraphCaptureError) as err:
+        graphs._capture_one(graphs.mixed, 24, pool=object())
+    message = str(err.value)
+    assert isinstance(err.value, ValueError) and "\n" not in message
+    assert "prefill/mixed pass of 24 tokens" in message and "previous error during" in message
+    assert "--cudagraph-mode FULL_DECODE_ONLY" in message
+    with pytest.raises(GraphCaptureError, match="decode batch of 4 sequences.*--enforce-eager"):
+        graphs._capture_one(graphs.decode, 4, pool=object())
+
+    class OutOfMemory(_InvalidatedCapture):
+        def __exit__(self, *exc):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch.cuda, "graph", OutOfMemory)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        graphs._capture_one(graphs.decode, 4, pool=object())
