@@ -46,6 +46,24 @@ def frozen_heap() -> Iterator[None]:
             gc.unfreeze()
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """For the ``with`` body: no automatic collection (``gc.disable``), restored
+    after. Around a CUDA graph capture: a collection that starts by itself mid-capture
+    runs the finalizers of whatever cyclic garbage it finds, and a finalizer that
+    calls into CUDA (an event or a pinned buffer released) can invalidate the
+    capture. vLLM and SGLang likewise keep the collector out of their captures
+    (``freeze_gc`` in their CUDA-graph runners); ``torch.cuda.graph`` collects once
+    itself before it begins."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @dataclass(frozen=True, slots=True)
 class GcPauses:
     """The collections made while a :class:`GcWatch` was open.

@@ -55,6 +55,7 @@ from roseinfer.calibration.graph_replay import (
     mixed_graph_token_sizes,
 )
 
+from .gc_watch import collector_paused
 from .input_batch import PAD_SLOT, HostStep, StepBatch
 
 if TYPE_CHECKING:
@@ -410,7 +411,13 @@ class GraphRunner:
 
     def _capture_one(self, family: _Family, size: int, pool: Any) -> _Captured:
         """Metadata, one eager warm-up run (compiles the kernels outside the
-        capture), then the capture itself when graphs are on."""
+        capture), then the capture itself when graphs are on, with the garbage
+        collector paused (:func:`~roseinfer.executor.gc_watch.collector_paused`).
+
+        Raises:
+            GraphCaptureError: when CUDA refuses the capture (one line naming the
+                pass and the flag that avoids it).
+        """
         batch = self._static_batch(family, size)
         meta = self.backend.build_metadata(batch)
         family.out[:size].copy_(self.body(batch, meta))
@@ -419,7 +426,7 @@ class GraphRunner:
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=pool):
+            with collector_paused(), torch.cuda.graph(graph, pool=pool):
                 family.out[:size].copy_(self.body(batch, meta))
         except torch.cuda.OutOfMemoryError:
             raise  # the memory planner names the flags for this one

@@ -334,3 +334,34 @@ def test_a_refused_capture_is_one_error_line_naming_the_flag(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", OutOfMemory)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         graphs._capture_one(graphs.decode, 4, pool=object())
+
+
+@needs_triton
+def test_no_automatic_collection_runs_inside_a_capture(monkeypatch):
+    """The collector is off while a graph is captured (a finalizer calling into CUDA
+    mid-capture can invalidate it) and on again after, also when the capture fails."""
+    import gc
+
+    model = tiny("tiny-llama").to(DEVICE)
+    runner = runner_for(model)
+    runner.capture_cuda_graphs(max_num_seqs=2, max_model_len=16)
+    graphs, seen = runner.graphs, []
+
+    class Recording(_InvalidatedCapture):
+        def __enter__(self):
+            seen.append(gc.isenabled())
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(torch.cuda, "graph", Recording)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(graphs, "use_cuda_graphs", True)
+    assert gc.isenabled()
+    graphs._capture_one(graphs.decode, 2, pool=object())
+    monkeypatch.setattr(torch.cuda, "graph", _InvalidatedCapture)
+    with pytest.raises(GraphCaptureError):
+        graphs._capture_one(graphs.decode, 2, pool=object())
+    assert seen == [False] and gc.isenabled()
