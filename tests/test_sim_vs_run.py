@@ -40,8 +40,10 @@ def test_the_runs_step_log_replays_it_and_every_cost_model_is_compared(tmp_path)
 CHECKS = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-26-checks"
 CHECKS_27 = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-27-checks"
 CHECKS_27B = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-27b-checks"
-"""The check's runs of 2026-11-26 (clipped requests, a profile without a served run)
-and of 2026-11-27 (this version's rose-run profile; requests beyond the limit rejected)."""
+CHECKS_FULL = ROOT / "benchmarks" / "gpu" / "results" / "h100-2026-11-27d-full"
+"""The check's runs of 2026-11-26 (clipped requests, a profile without a served run),
+of 2026-11-27 (this version's rose-run profile; requests beyond the limit rejected),
+and of 2026-11-27 with ``--cudagraph-mode FULL`` as the default (``-full``)."""
 COMBOS = {
     "1": ["--policy", "budget", "--prefill-max-tokens", "2048"],
     "2": ["--policy", "pack", "--prefill-max-tokens", "2048", "--force-fifo-every", "8",
@@ -62,15 +64,30 @@ def check20_errors(
     doc = json.loads(real.read_text())
     blocks = doc["num_kv_blocks"]
     clip = ["--fit-lengths", "clip"] if doc["fit_lengths"].startswith("clip") else []
+    mode = doc.get("cudagraph_mode") or "FULL_DECODE_ONLY"
     out = tmp_path / f"{run}.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "sim_vs_run.py"), str(real),
            *(["--calibration", *calibration] if calibration else []), "--output", str(out),
            "--", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--num-requests", "500",
            "--max-model-len", "4096", "--seed", "0", *COMBOS[i], "--request-rate", rate,
-           "--num-kv-blocks", str(blocks), *clip]  # fmt: skip
+           "--num-kv-blocks", str(blocks), "--cudagraph-mode", mode, *clip]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())["errors"]
+
+
+def roofline_worst(tmp_path: Path, checks: Path) -> dict[str, float]:
+    """The built-in h100-sxm's worst |error| over check 20's four runs in ``checks``:
+    ``p50`` (duration and the p50s) and ``p99``."""
+    worst = {"p50": 0.0, "p99": 0.0}
+    for run in ("1s", "1l", "2s", "2l"):
+        rows = check20_errors(tmp_path, run, [], checks)
+        measured = next(v for k, v in rows.items() if k.startswith("roofline h100-sxm, measured"))
+        for key, error in measured.items():
+            if key.startswith(("p50", "p99")) or key == "duration":
+                q = "p99" if key.startswith("p99") else "p50"
+                worst[q] = max(worst[q], abs(error))
+    return worst
 
 
 @pytest.mark.skipif(not CHECKS.is_dir(), reason="no shipped H100 check results")
@@ -79,14 +96,17 @@ def test_the_measured_spec_replays_the_fidelity_checks_runs_within_its_targets(t
     decode-first; saturated and at 60%), replayed by rose-sim with the built-in
     h100-sxm: worst p50 error <= 10% and p99 <= 15% (the check's targets). Its
     decode imbalance was fitted to another run, so this guards the spec, not a fit."""
-    worst = {"p50": 0.0, "p99": 0.0}
-    for run in ("1s", "1l", "2s", "2l"):
-        rows = check20_errors(tmp_path, run, [])
-        measured = next(v for k, v in rows.items() if k.startswith("roofline h100-sxm, measured"))
-        for key, error in measured.items():
-            if key.startswith(("p50", "p99")) or key == "duration":
-                q = "p99" if key.startswith("p99") else "p50"
-                worst[q] = max(worst[q], abs(error))
+    worst = roofline_worst(tmp_path, CHECKS)
+    assert worst["p50"] <= 0.10 and worst["p99"] <= 0.15, worst
+
+
+@pytest.mark.skipif(not CHECKS_FULL.is_dir(), reason="no shipped H100 check results")
+def test_the_measured_spec_prices_the_checks_full_mode_runs_within_its_targets(tmp_path):
+    """The same check run with ``--cudagraph-mode FULL`` as the default (small prefills
+    replayed, so the roofline drops their launch roof by ``graph_replay``'s rule): the
+    built-in h100-sxm stays within the check's targets (10% / 15%; on the GPU it gave
+    7% / 14%)."""
+    worst = roofline_worst(tmp_path, CHECKS_FULL)
     assert worst["p50"] <= 0.10 and worst["p99"] <= 0.15, worst
 
 

@@ -7,6 +7,8 @@
 # For each run this prints benchmarks/gpu/sim_vs_run.py's table: the signed error of every metric
 # for the built-in h100-sxm (measured; and with --step-jitter measured), its datasheet constants,
 # and the check's profile, priced with its step jitter and at its medians (--step-jitter off).
+# Each run is simulated under the --cudagraph-mode its result file records. h100-2026-11-27d-full
+# is the check run with --cudagraph-mode FULL as rose-run's and rose-sim's default.
 # R defaults to the check's second run of 2026-11-27 (h100-2026-11-27b-checks: rose-run profile
 # with its served run; requests beyond 4,096 tokens rejected on both sides; its rerun-*/ folders
 # hold the same runs again with step logs, benchmarks/gpu/check20_steps.sh). The first run of that
@@ -34,10 +36,12 @@ for i in 1 2; do
     blocks=$(python -c "import json;print(json.load(open('$real'))['num_kv_blocks'])")
     # the runs of 2026-11-26 clipped requests beyond --max-model-len (rose-run's default then)
     clip=$(python -c "import json;print('--fit-lengths clip' if json.load(open('$real'))['fit_lengths'].startswith('clip') else '')")
+    # the graphs the run replayed (results before the field: FULL_DECODE_ONLY)
+    mode=$(python -c "import json;print(json.load(open('$real')).get('cudagraph_mode') or 'FULL_DECODE_ONLY')")
     echo "== ${combos[$((i - 1))]} at --request-rate $r"
     # shellcheck disable=SC2086
     python benchmarks/gpu/sim_vs_run.py "$real" --calibration "${calibrations[@]}" -- \
       --model llama-3.1-8b --hardware h100-sxm --num-requests 500 --max-model-len 4096 --seed 0 \
-      ${combos[$((i - 1))]} --request-rate "$r" --num-kv-blocks "$blocks" $clip
+      ${combos[$((i - 1))]} --request-rate "$r" --num-kv-blocks "$blocks" --cudagraph-mode "$mode" $clip
   done
 done
