@@ -4,6 +4,7 @@ made-up token ids): each test names the defect it pins and what happened before.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -270,10 +271,16 @@ def test_deeply_nested_config_files_are_one_line(
     tmp_path, monkeypatch, capsys, name, text, argv, needle
 ):
     """Before: a 100,000-deep JSON --replica-config and a 5,000-deep sweep grid raised
-    RecursionError."""
+    RecursionError. Under CPython's default recursion limit (1,000), which a module
+    imported earlier in the session may have raised (the TOML case then parsed)."""
     path = tmp_path / name
     path.write_text(text)
-    code, _, err = run_cli(sim_main, "rose-sim", monkeypatch, capsys, *argv, str(path))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        code, _, err = run_cli(sim_main, "rose-sim", monkeypatch, capsys, *argv, str(path))
+    finally:
+        sys.setrecursionlimit(limit)
     lines = err.strip().splitlines()
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     assert needle in lines[0]
