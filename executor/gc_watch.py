@@ -14,7 +14,8 @@ permanent generation that collections skip; vLLM freezes its heap after start-up
 for the same reason. :func:`frozen_heap` does so before the clock starts, so a
 full collection during the run walks only the run's own objects, and
 :class:`GcWatch` counts the collections and their pauses while it is open, for
-the result file.
+the result file. :func:`collector_paused` (defined with the trace parser, which
+uses it too) keeps the collector out of CUDA graph captures.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from roseinfer.workloads.traces import collector_paused
+
+__all__ = ["GcPauses", "GcWatch", "collector_paused", "frozen_heap"]
 
 
 @contextmanager
@@ -44,24 +49,6 @@ def frozen_heap() -> Iterator[None]:
     finally:
         if not was_frozen:
             gc.unfreeze()
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """For the ``with`` body: no automatic collection (``gc.disable``), restored
-    after. Around a CUDA graph capture: a collection that starts by itself mid-capture
-    runs the finalizers of whatever cyclic garbage it finds, and a finalizer that
-    calls into CUDA (an event or a pinned buffer released) can invalidate the
-    capture. vLLM and SGLang likewise keep the collector out of their captures
-    (``freeze_gc`` in their CUDA-graph runners); ``torch.cuda.graph`` collects once
-    itself before it begins."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,7 +88,7 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
         raise WorkloadError(f"unknown trace format {fmt!r}; known: {', '.join(KNOWN_FORMATS)}")
     path = resolve_trace(path)
     _check_file(path)
-    with _os_errors(path), _gc_paused():
+    with _os_errors(path), collector_paused():
         is_jsonl, first = _first_line(path)
         if fmt == "auto":
             fmt = _detect(path, is_jsonl, first)
@@ -100,12 +100,19 @@ def load_trace(path: str | Path, fmt: str = "auto") -> list[Request]:
 
 
 @contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a trace is parsed. Parsing
-    makes no reference cycles, yet its rows and requests (tens of thousands of
-    tracked objects) trigger young collections every 700 and a full one over
-    all of them: 20 ms of the 0.1 s that the 19,366-row Azure conv trace takes
-    to load. The collector is restored as it was, also on an error."""
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the ``with`` body, restored as it
+    was after, also on an error.
+
+    While a trace is parsed: parsing makes no reference cycles, yet its rows and
+    requests (tens of thousands of tracked objects) trigger young collections every
+    700 and a full one over all of them: 20 ms of the 0.1 s that the 19,366-row
+    Azure conv trace takes to load. Around a CUDA graph capture
+    (``executor/graph_runner.py``): a collection that starts by itself mid-capture
+    runs the finalizers of whatever cyclic garbage it finds, and one that calls into
+    CUDA (an event or a pinned buffer released) can invalidate the capture; vLLM and
+    SGLang likewise keep the collector out of their captures (``freeze_gc``), and
+    ``torch.cuda.graph`` collects once itself before it begins."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
