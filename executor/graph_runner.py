@@ -41,6 +41,8 @@ are exercised by the CPU tests; only ``torch.cuda.CUDAGraph`` is left out.
 from __future__ import annotations
 
 import bisect
+import functools
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,9 +92,14 @@ class GraphCaptureError(ValueError):
     Seen once on an H100 (2026-11-27, torch 2.11, Triton 3.6): ``--cudagraph-mode
     FULL --max-model-len 8192``, the first process on a fresh machine, while the
     memory planner captured a prefill/mixed pass
-    (``benchmarks/gpu/results/h100-2026-11-27d-full/check19-parts/a.txt``). A
-    ``ValueError``, so the CLIs print it as one ``error:`` line naming the flag
-    that avoids it."""
+    (``benchmarks/gpu/results/h100-2026-11-27d-full/check19-parts/a.txt``). Its
+    log shows two CUDA graphs reset during that capture, as many as the planner
+    had captured and released before it: under ``FULL`` a released runner sat in
+    a reference cycle with its graphs until a collection destroyed them mid-capture.
+    Released graphs are now destroyed at once (:meth:`GraphRunner.release`), the
+    runner holds no cycle, and captures run with the collector paused (all
+    untested on a GPU). A ``ValueError``, so the CLIs print it as one ``error:``
+    line naming the flag that avoids it."""
 
     @classmethod
     def of(cls, mixed: bool, size: int, err: BaseException) -> GraphCaptureError:
@@ -130,6 +137,20 @@ def mixed_capture_sizes(max_tokens: int) -> list[int]:
     """Token counts to capture prefill/mixed passes at
     (:func:`~roseinfer.calibration.graph_replay.mixed_graph_token_sizes`)."""
     return list(mixed_graph_token_sizes(max_tokens))
+
+
+def _mixed_seq_rows(max_num_seqs: int, num_tokens: int) -> int:
+    """See :meth:`GraphRunner.mixed_seq_rows`."""
+    return min(num_tokens, max_num_seqs) + 1
+
+
+def _mixed_host_fields(
+    backend: Any, rows_of: Callable[[int], int], num_tokens: int
+) -> dict[str, np.ndarray]:
+    """The backend's fields of an all-padding mixed pass of ``num_tokens``: every
+    sequence empty (so every query block computes nothing)."""
+    rows = rows_of(num_tokens)
+    return backend.graph_host_fields(np.zeros(rows, np.int64), num_tokens, rows)
 
 
 class _Family:
@@ -266,10 +287,14 @@ class GraphRunner:
         self.mixed: _Family | None = None
         mixed_sizes = mixed_capture_sizes(mixed_max_tokens)
         if mixed_sizes:
+            # NOTE: the family's callables must not hold self: a cycle kept a released
+            # runner and its captured graphs alive until a collection destroyed them,
+            # which invalidated a later capture it ran into (H100, 2026-11-27)
+            rows_of = functools.partial(_mixed_seq_rows, max_num_seqs)
             self.mixed = _Family(
-                mixed_sizes, self._mixed_fields(mixed_sizes[-1]),
-                self.mixed_seq_rows(mixed_sizes[-1]), self.mixed_seq_rows,
-                lambda t: {n: len(a) for n, a in self._mixed_host_fields(t).items()},
+                mixed_sizes, self._mixed_fields(mixed_sizes[-1]), rows_of(mixed_sizes[-1]),
+                rows_of,
+                lambda t: {n: len(a) for n, a in _mixed_host_fields(backend, rows_of, t).items()},
                 mixed=True, place=place,
             )  # fmt: skip
         self.capture_s = 0.0
@@ -288,7 +313,7 @@ class GraphRunner:
     def mixed_seq_rows(self, num_tokens: int) -> int:
         """Sequence rows of a mixed pass padded to ``num_tokens``: as many as it can
         hold (``min(num_tokens, max_num_seqs)``) plus the padding sequence."""
-        return min(num_tokens, self.max_num_seqs) + 1
+        return _mixed_seq_rows(self.max_num_seqs, num_tokens)
 
     def padded_size(self, num_seqs: int, max_blocks: int) -> int | None:
         """The captured size a decode batch runs at, or None (run it eagerly)."""
@@ -336,6 +361,8 @@ class GraphRunner:
                 f"mixed sizes {list(todo_mixed)} are not all capture sizes {self.mixed_sizes}"
             )
         start = time.perf_counter()
+        if self.use_cuda_graphs:
+            gc.collect()  # NOTE: torch.cuda.graph no longer collects before a capture
         pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         for family, family_sizes in ((self.mixed, todo_mixed), (self.decode, todo)):
             for size in reversed(family_sizes):
@@ -345,6 +372,18 @@ class GraphRunner:
             torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - start
         return self.capture_s
+
+    def release(self) -> None:
+        """Destroy every captured graph now (their memory returns to the pool), so none
+        is left for a garbage collection to destroy later, perhaps in the middle of
+        another capture (CUDA refuses a graph's reset while a stream captures)."""
+        for family in (self.decode, self.mixed):
+            if family is None:
+                continue
+            for captured in family.captured.values():
+                if captured.graph is not None:
+                    captured.graph.reset()
+            family.captured.clear()
 
     @property
     def captured_sizes(self) -> list[int]:
@@ -449,10 +488,8 @@ class GraphRunner:
         }
 
     def _mixed_host_fields(self, num_tokens: int) -> dict[str, np.ndarray]:
-        """The backend's fields of an all-padding mixed pass of ``num_tokens``:
-        every sequence empty (so every query block computes nothing)."""
-        rows = self.mixed_seq_rows(num_tokens)
-        return self.backend.graph_host_fields(np.zeros(rows, np.int64), num_tokens, rows)
+        """The backend's fields of an all-padding mixed pass of ``num_tokens``."""
+        return _mixed_host_fields(self.backend, self.mixed_seq_rows, num_tokens)
 
     def _mixed_fields(self, max_tokens: int) -> dict[str, np.ndarray]:
         """Static 1-d fields of an all-padding mixed pass of ``max_tokens``: no

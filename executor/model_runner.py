@@ -384,7 +384,9 @@ class ModelRunner:
         return ()
 
     def release_cuda_graphs(self) -> None:
-        """Drop captured graphs (their memory pool is freed with them)."""
+        """Destroy captured graphs now (:meth:`GraphRunner.release`) and drop them."""
+        if self.graphs is not None:
+            self.graphs.release()
         self.graphs = None
         self.cuda_graph_capture_s = 0.0
 

@@ -365,3 +365,35 @@ def test_no_automatic_collection_runs_inside_a_capture(monkeypatch):
     with pytest.raises(GraphCaptureError):
         graphs._capture_one(graphs.decode, 2, pool=object())
     assert seen == [False] and gc.isenabled()
+
+
+@needs_triton
+def test_a_released_runner_is_freed_at_once_with_its_graphs_destroyed(monkeypatch):
+    """A released graph runner (FULL mode: a mixed family too) holds no reference
+    cycle, so it and its graphs go when released, not at a later garbage collection
+    that could land in the middle of another capture; its graphs are reset first."""
+    import gc
+    import weakref
+
+    model = tiny("tiny-llama").to(DEVICE)
+    runner = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=24)
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    graphs = runner.graphs
+    resets = []
+
+    class Graph:
+        def reset(self):
+            resets.append(self)
+
+    first = next(iter(graphs.mixed.captured.values()))
+    monkeypatch.setattr(first, "graph", Graph())
+    gone = weakref.ref(graphs)
+    del graphs
+    was_enabled = gc.isenabled()
+    gc.disable()  # only reference counting may free it
+    try:
+        runner.release_cuda_graphs()
+        assert gone() is None and len(resets) == 1 and runner.graphs is None
+    finally:
+        if was_enabled:
+            gc.enable()

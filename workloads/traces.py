@@ -111,8 +111,9 @@ def collector_paused() -> Iterator[None]:
     (``executor/graph_runner.py``): a collection that starts by itself mid-capture
     runs the finalizers of whatever cyclic garbage it finds, and one that calls into
     CUDA (an event or a pinned buffer released) can invalidate the capture; vLLM and
-    SGLang likewise keep the collector out of their captures (``freeze_gc``), and
-    ``torch.cuda.graph`` collects once itself before it begins."""
+    SGLang likewise keep the collector out of their captures (``freeze_gc``); the
+    graph runner collects once before a round of captures (``torch.cuda.graph`` no
+    longer does unless ``torch.compiler.config.force_cudagraph_gc``)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
