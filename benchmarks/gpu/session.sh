@@ -16,6 +16,9 @@
 # with --cudagraph-mode FULL (about 2 minutes each), eager_jitter.py, and the tune-cache CUDA test;
 # probe-omp1 and probe-full-omp1 run them with one torch CPU thread (OMP_NUM_THREADS=1,
 # --num-threads 1), cpu-facts writes the machine's CPU and memory settings.
+# STAGES="decode-ab flip-full check19-parts" (carry .base, made by decode_ab.sh prepare): this
+# tree's and a baseline's step tables on one lease, then check 19's parts with FULL as the default
+# (the copy on the device is edited; nothing comes back but the results).
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
 set -uo pipefail
@@ -66,6 +69,12 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
           --save-result '$work/run-$s.json' > '$work/$s.txt' 2>&1; tail -8 '$work/$s.txt'" ;;
       jitter) stage jitter 150 python3 benchmarks/gpu/eager_jitter.py --output "$work/eager-jitter.json" ;;
       adopts) stage adopts 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k adopts ;;
+      decode-ab) stage decode-ab 240 env OUT="$work/decode-ab" bash benchmarks/gpu/decode_ab.sh run ;;
+      flip-full)  # this copy only: later stages run with --cudagraph-mode FULL as the default
+        sed -i 's/^DEFAULT_CUDAGRAPH_MODE = .*/DEFAULT_CUDAGRAPH_MODE = "FULL"/' calibration/graph_replay.py
+        grep -n "^DEFAULT_CUDAGRAPH_MODE" calibration/graph_replay.py ;;
+      check19-parts) stage check19-parts 200 env OUT="$work/check19-parts" LIMIT=190 \
+        bash benchmarks/gpu/check19_parts.sh ;;
       *) echo "unknown stage $s" ;;
     esac
   done
