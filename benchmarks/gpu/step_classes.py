@@ -87,14 +87,19 @@ def profile_lines(path: Path, prompts: Sequence[int]) -> list[str]:
     linear = getattr(model, "fallback", model)
     reps, draws, big = [], 0, 0
     graph_reps, graph_draws = [], []  # graph-replayed: repetitions / median, served / linear fit
-    worst: list[tuple[float, int, int, float]] = []  # a shape's largest ratio, seqs, tokens, median
+    # per class, each repeated shape's largest ratio, sequences, tokens and median
+    worst: dict[str, list[tuple[float, int, int, float]]] = {"eager": [], "graph-replayed": []}
     for s in profile.samples:
         t = s.shape.totals()
-        if not profile.graphs.runs_eagerly(t.num_tokens, t.num_seqs):
+        eager = profile.graphs.runs_eagerly(t.num_tokens, t.num_seqs)
+        if len(s.times_s) > 1:
+            top = float(max(s.times_s) / s.median_s)
+            worst["eager" if eager else "graph-replayed"].append(
+                (top, t.num_seqs, t.num_tokens, s.median_s)
+            )
+        if not eager:
             if len(s.times_s) > 1:
-                ratios = np.asarray(s.times_s) / s.median_s
-                graph_reps.extend(ratios)
-                worst.append((float(ratios.max()), t.num_seqs, t.num_tokens, s.median_s))
+                graph_reps.extend(np.asarray(s.times_s) / s.median_s)
             else:
                 agg = step_model.shape_aggregates(s.shape)[None]
                 graph_draws.append(s.times_s[0] / float(linear.predict(agg)[0]))
@@ -115,10 +120,11 @@ def profile_lines(path: Path, prompts: Sequence[int]) -> list[str]:
             r = np.array(ratios)
             lines.append(f"{name}: {r.size}, over {GRAPH_STRETCHED}x {np.mean(r > GRAPH_STRETCHED):.1%}, "
                          f"p99 {np.quantile(r, 0.99):.2f}x, max {r.max():.2f}x")  # fmt: skip
-    if worst:
-        top = ", ".join(f"{x:.2f}x ({n} seqs, {k} tokens, median {m * 1e3:.1f} ms)"
-                        for x, n, k, m in sorted(worst, reverse=True)[:5])  # fmt: skip
-        lines.append(f"largest graph-replayed repetitions: {top}")
+    for kind, shapes in worst.items():
+        if shapes:
+            top = ", ".join(f"{x:.2f}x ({n} seqs, {k} tokens, median {m * 1e3:.1f} ms)"
+                            for x, n, k, m in sorted(shapes, reverse=True)[:5])  # fmt: skip
+            lines.append(f"largest {kind} repetitions (of {len(shapes)} repeated shapes): {top}")
     priced = profile.cost_model().without_jitter()
     for n in prompts:
         shape = BatchShape([n], [n], [])
