@@ -487,10 +487,6 @@ class GraphRunner:
             **self.backend.host_fields(np.ones(max_bs, np.int64), 1),
         }
 
-    def _mixed_host_fields(self, num_tokens: int) -> dict[str, np.ndarray]:
-        """The backend's fields of an all-padding mixed pass of ``num_tokens``."""
-        return _mixed_host_fields(self.backend, self.mixed_seq_rows, num_tokens)
-
     def _mixed_fields(self, max_tokens: int) -> dict[str, np.ndarray]:
         """Static 1-d fields of an all-padding mixed pass of ``max_tokens``: no
         slot written, every sequence empty and keyless."""
@@ -502,5 +498,5 @@ class GraphRunner:
             "query_start_loc": np.zeros(rows + 1, np.int64),
             "seq_lens": np.zeros(rows, np.int64),
             "last_token_indices": np.zeros(rows, np.int64),
-            **self._mixed_host_fields(max_tokens),
+            **_mixed_host_fields(self.backend, self.mixed_seq_rows, max_tokens),
         }
