@@ -103,9 +103,11 @@ def run_in(python: str, batch: int, steps: int, warmup: int) -> dict[str, float]
         f"print(json.dumps(decode_host.measure({batch}, {steps}, {warmup})))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # cwd: not the checkout (its roseinfer/ would shadow the other side's install)
     done = subprocess.run(
-        [python, "-c", code], capture_output=True, text=True, env=env, check=False
-    )
+        [python, "-c", code], capture_output=True, text=True, env=env, check=False,
+        cwd=Path(__file__).parent,
+    )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{python}: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -30,7 +30,6 @@ extra sequence of length 0.
 from __future__ import annotations
 
 import itertools
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -114,19 +113,70 @@ class StepBatch:
 
 def used_block_ids(seqs: Sequence[SeqInput], num_blocks: np.ndarray) -> np.ndarray:
     """``[sum(num_blocks)]`` int64: each sequence's first ``num_blocks[i]`` block ids,
-    in sequence order. A table held as ``array('i')`` (the block manager's own,
-    ``BlockManager.block_ids``) is read through its buffer, with no Python int per
-    id: at 256 decodes of 64 blocks the per-id reads took 1.1 ms of a step's host
-    work (``benchmarks/decode_host.py``).
+    in sequence order. Tables held as ``array('i')`` (the block manager's own,
+    ``BlockManager.block_ids``) are joined as bytes and read in one numpy call, with
+    no Python int per id and no numpy call per sequence: at 256 decodes of 64 blocks
+    the per-id reads took 1.1 ms of a step's host work, one ``np.frombuffer`` per
+    table 0.23 ms, the join 0.05 ms (``benchmarks/decode_host.py``, this VM).
 
     Raises:
         ValueError: if a table is shorter than its count (the runner checks first).
     """
-    parts = [
-        np.frombuffer(t, np.intc, k) if isinstance(t, array) else np.asarray(t[:k], np.int64)
-        for t, k in zip((s.block_table for s in seqs), num_blocks.tolist())
-    ]
-    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, np.int64)
+    counts = num_blocks.tolist()
+    tables = [s.block_table for s in seqs]
+    try:  # array('i') tables, whose bytes are C ints; a list raises TypeError here
+        joined = b"".join([t[:k] for t, k in zip(tables, counts)])  # type: ignore[misc]
+    except TypeError:
+        parts = [np.asarray(t[:k], np.int64) for t, k in zip(tables, counts)]
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    else:
+        ids = np.frombuffer(joined, np.intc).astype(np.int64)
+    if ids.size != sum(counts):  # a short table (or an array of another item size)
+        raise ValueError("a block table is shorter than its sequence's blocks")
+    return ids
+
+
+@dataclass(frozen=True, slots=True)
+class SeqArrays:
+    """What a pass's runner inputs say per sequence, read from them once.
+
+    ``ModelRunner.forward`` reads these while it checks the inputs and hands them
+    on, so choosing the CUDA graph and building the batch do not walk the
+    sequences again.
+
+    Attributes:
+        query_lens: ``[num_seqs]`` int64, new tokens of each sequence.
+        starts: ``[num_seqs]`` int64, tokens of each already in the KV cache.
+        block_ids: ``[sum(num_blocks)]`` int64, the blocks each uses, in sequence
+            order (:func:`used_block_ids`).
+    """
+
+    query_lens: np.ndarray
+    starts: np.ndarray
+    block_ids: np.ndarray
+
+    @property
+    def seq_lens(self) -> np.ndarray:
+        """``[num_seqs]`` int64: context tokens after the pass."""
+        return self.starts + self.query_lens
+
+
+def seq_lengths(seqs: Sequence[SeqInput]) -> tuple[np.ndarray, np.ndarray]:
+    """``(query_lens, starts)``, ``[len(seqs)]`` int64 each."""
+    n = len(seqs)
+    query_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, n)
+    return query_lens, np.fromiter((s.start_pos for s in seqs), np.int64, n)
+
+
+def seq_arrays(seqs: Sequence[SeqInput], block_size: int) -> SeqArrays:
+    """:class:`SeqArrays` of checked runner inputs.
+
+    Raises:
+        ValueError: if a block table is shorter than its context needs.
+    """
+    query_lens, starts = seq_lengths(seqs)
+    needed = -(-(starts + query_lens) // block_size)
+    return SeqArrays(query_lens, starts, used_block_ids(seqs, needed))
 
 
 def host_arrays(
@@ -134,14 +184,14 @@ def host_arrays(
     block_size: int,
     pad_to: int | None = None,
     pad_tokens_to: int | None = None,
-    block_ids: np.ndarray | None = None,
+    arrays: SeqArrays | None = None,
 ) -> tuple[dict[str, np.ndarray], HostStep]:
     """The pass's fields as int64 numpy arrays (see the module doc).
 
     Args:
         seqs: checked runner inputs (``ModelRunner`` checks them).
-        block_ids: :func:`used_block_ids` of ``seqs`` when the caller read them
-            already (None: read here).
+        arrays: :func:`seq_arrays` of ``seqs`` when the caller read them already
+            (None: read here).
         pad_to: for a decode batch (one token each), the row count to pad to.
         pad_tokens_to: for a prefill or mixed pass (a CUDA graph of this many
             tokens), the token count to pad to: one more sequence owns the
@@ -150,25 +200,29 @@ def host_arrays(
     Returns:
         the one-dimensional fields by name, and the :class:`HostStep`.
     """
+    if arrays is None:
+        arrays = seq_arrays(seqs, block_size)
     num_seqs = len(seqs)
-    query_lens = np.fromiter((len(s.token_ids) for s in seqs), np.int64, num_seqs)
-    starts = np.fromiter((s.start_pos for s in seqs), np.int64, num_seqs)
-    seq_lens = starts + query_lens
+    query_lens, starts = arrays.query_lens, arrays.starts
+    seq_lens = arrays.seq_lens
     query_start_loc = np.zeros(num_seqs + 1, np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
-    token_ids = np.fromiter(
-        itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens
-    )
-    positions = np.arange(num_tokens, dtype=np.int64)
-    positions += np.repeat(starts - query_start_loc[:-1], query_lens)
+    if num_tokens == num_seqs and bool((query_lens == 1).all()):  # a decode batch
+        token_ids = np.fromiter((s.token_ids[0] for s in seqs), np.int64, num_tokens)
+        positions = starts.copy()
+        seq_of_token = np.arange(num_seqs)
+    else:
+        token_ids = np.fromiter(
+            itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens
+        )
+        positions = np.arange(num_tokens, dtype=np.int64)
+        positions += np.repeat(starts - query_start_loc[:-1], query_lens)
+        seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
     num_blocks = -(-seq_lens // block_size)
     width = int(num_blocks.max())
     block_tables = np.zeros((num_seqs, width), np.int64)
-    if block_ids is None:
-        block_ids = used_block_ids(seqs, num_blocks)
-    block_tables[np.arange(width) < num_blocks[:, None]] = block_ids
-    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    block_tables[np.arange(width) < num_blocks[:, None]] = arrays.block_ids
     slots = block_tables[seq_of_token, positions // block_size] * block_size
     slots += positions % block_size
     fields = {
@@ -258,7 +312,7 @@ class InputBatch:
         num_kv_blocks: int,
         pad_to: int | None = None,
         pad_tokens_to: int | None = None,
-        block_ids: np.ndarray | None = None,
+        arrays: SeqArrays | None = None,
     ) -> StepBatch:
         """The pass's :class:`StepBatch` (one host-to-device copy on CUDA).
 
@@ -269,14 +323,14 @@ class InputBatch:
             pad_to: pad a decode batch to this many rows (CUDA graphs).
             pad_tokens_to: pad a prefill or mixed pass to this many tokens, plus
                 one padding sequence (CUDA graphs; :func:`host_arrays`).
-            block_ids: the pass's :func:`used_block_ids`, when already read.
+            arrays: the pass's :func:`seq_arrays`, when already read.
         """
-        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, block_ids)
+        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, arrays)
         max_query_len = int(host.query_lens.max())
         extra = host_fields(host.query_lens, max_query_len)
-        arrays = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]
-        arrays.extend(extra.items())
-        views = self._copy(arrays)
+        packed = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]
+        packed.extend(extra.items())
+        views = self._copy(packed)
         num_seqs = len(host.query_lens)
         return StepBatch(
             num_tokens=len(fields["token_ids"]),

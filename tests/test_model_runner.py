@@ -8,7 +8,9 @@ so a broken attention would still "match" (each test checks the outputs vary).
 from __future__ import annotations
 
 import math
+from array import array
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -261,7 +263,6 @@ def test_the_vectorized_check_names_what_the_per_sequence_one_names():
     """``forward`` checks a whole step with numpy and, when something is wrong, names
     the first bad sequence exactly as checking one by one does; a good step passes
     both (block tables as lists or as the block manager's ``array('i')``)."""
-    from array import array
 
     from hypothesis import given, settings
     from hypothesis import strategies as st
@@ -286,7 +287,7 @@ def test_the_vectorized_check_names_what_the_per_sequence_one_names():
                 expected = str(err)
                 break
         try:
-            ids = runner._check(seqs)
+            arrays = runner._check(seqs)
         except ValueError as err:
             assert str(err) == expected
         else:
@@ -296,7 +297,9 @@ def test_the_vectorized_check_names_what_the_per_sequence_one_names():
                 for s in seqs
                 for b in list(s.block_table)[: -(-(s.start_pos + len(s.token_ids)) // 4)]
             ]
-            assert ids.tolist() == used
+            assert arrays.block_ids.tolist() == used
+            assert arrays.query_lens.tolist() == [len(s.token_ids) for s in seqs]
+            assert arrays.starts.tolist() == [s.start_pos for s in seqs]
 
     check()
 
@@ -321,6 +324,23 @@ def test_block_ids_are_the_managers_table_read_in_place():
     assert a[1].block_tables.tolist() == b[1].block_tables.tolist()
     assert all((a[0][k] == b[0][k]).all() for k in a[0])
     runner_for(tiny("tiny-gpt2"))._check(live)
+
+
+@pytest.mark.parametrize("as_array", [True, False])
+def test_a_table_shorter_than_its_count_is_refused_whatever_its_type(as_array):
+    """The block ids are read in one join of the tables' bytes (an ``array('i')``
+    per sequence) or per table (lists): a short table or an array of wider items
+    must not pass as fewer or more ids."""
+    from roseinfer.executor.input_batch import used_block_ids
+
+    table = array("i", [3, 4]) if as_array else [3, 4]
+    seqs = [SeqInput([1], 0, array("i", [7])), SeqInput([1], 4, table)]
+    assert used_block_ids(seqs, np.array([1, 2])).tolist() == [7, 3, 4]
+    with pytest.raises(ValueError, match="shorter"):
+        used_block_ids(seqs, np.array([1, 3]))
+    wide = [SeqInput([1], 0, array("q", [7]))]  # 8-byte items: two C ints each
+    with pytest.raises(ValueError):
+        used_block_ids(wide, np.array([1]))
 
 
 def test_unknown_model_name_lists_known_names():
