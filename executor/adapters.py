@@ -55,6 +55,10 @@ class ModelAdapter:
     """
 
     shape: AttentionShape
+    stores_kv = False
+    """Whether the adapter writes a pass's K/V into the paged cache itself
+    (:meth:`qkv_stored`, the fused Llama adapter's); otherwise the runner has the
+    attention backend store what :meth:`qkv` returns."""
 
     def embed(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``[num_tokens]`` ids and positions -> hidden ``[num_tokens, hidden]``."""
@@ -69,6 +73,24 @@ class ModelAdapter:
         returned) -> q ``[T, num_heads, head_dim]``, k and v ``[T, num_kv_heads,
         head_dim]``, positions applied."""
         raise NotImplementedError
+
+    def qkv_stored(
+        self,
+        layer_idx: int,
+        hidden: Any,
+        pos_ctx: Any,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ):
+        """:meth:`qkv`, with the pass's K/V also written at ``slot_mapping`` into
+        the layer's ``[num_blocks, block_size, num_kv_heads, head_dim]`` caches (-1:
+        no store). Only where :attr:`stores_kv` is set.
+
+        Raises:
+            NotImplementedError: on an adapter that does not store K/V itself.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not store K/V itself")
 
     def attn_scale(self, layer_idx: int) -> float:
         """Softmax scale of q.k in this layer."""

@@ -8,7 +8,9 @@ Per pass the runner asks its backend for:
 * :meth:`AttentionBackend.build_metadata`: whatever it derives from the pass
   (:class:`~roseinfer.executor.input_batch.StepBatch`) once, for all layers;
 * per layer, :meth:`AttentionBackend.write_kv` (store this pass's K/V at its
-  slots) and :meth:`AttentionBackend.forward` (attend).
+  slots; skipped when the model adapter stores them itself, as the fused Llama
+  adapter's rotary kernel does: ``ModelAdapter.stores_kv``) and
+  :meth:`AttentionBackend.forward` (attend).
 
 CUDA graphs: a backend with ``supports_cuda_graphs`` builds its metadata from
 device tensors and host integers that are fixed for a padded decode batch, so

@@ -11,7 +11,8 @@ third of a 4 x 2048 prefill's non-GEMM time (``benchmarks/gpu_throughput.py
 * :func:`rms_norm`: ``w * (x / sqrt(mean(x^2) + eps))``, optionally first adding
   a residual (``x + r``, written back as the new residual stream);
 * :func:`rotary_embedding`: rotates the q and k heads of the fused qkv output
-  in place, reading cos/sin from a table precomputed per position;
+  in place, reading cos/sin from a table precomputed per position, and can
+  write the pass's K/V into the paged cache in the same launch;
 * :func:`silu_and_mul`: ``silu(gate) * up`` over the fused gate/up output.
 
 Each rounds where transformers' eager modules round (``LlamaRMSNorm`` casts the
@@ -97,12 +98,24 @@ def _rotary_kernel(
     positions_ptr,
     cos_ptr,
     sin_ptr,
+    v_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
     stride_t,
     stride_c,
+    stride_vt,
+    stride_cb,
+    stride_cs,
+    stride_ch,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     HEADS_P: tl.constexpr,
     HALF_P: tl.constexpr,
+    STORE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    KV_HEADS_P: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
@@ -115,32 +128,73 @@ def _rotary_kernel(
     x1 = tl.load(base, mask=ok, other=0.0)
     x2 = tl.load(base + HALF, mask=ok, other=0.0)
     a, b = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(base, (a * c - b * s).to(x1.dtype), mask=ok)
-    tl.store(base + HALF, (b * c + a * s).to(x1.dtype), mask=ok)
+    y1 = (a * c - b * s).to(x1.dtype)
+    y2 = (b * c + a * s).to(x1.dtype)
+    tl.store(base, y1, mask=ok)
+    tl.store(base + HALF, y2, mask=ok)
+    if STORE:  # the last NUM_KV_HEADS heads are k
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        stored = tl.where(slot >= 0, NUM_KV_HEADS, 0)  # a padded row (slot < 0) stores nothing
+        safe = tl.maximum(slot, 0)
+        row = (safe // BLOCK_SIZE) * stride_cb + (safe % BLOCK_SIZE) * stride_cs
+        kv_head = head - (NUM_HEADS - NUM_KV_HEADS)
+        is_k = ok & (kv_head >= 0) & (kv_head < stored)
+        k_dst = k_cache_ptr + row + kv_head * stride_ch + col
+        tl.store(k_dst, y1, mask=is_k)
+        tl.store(k_dst + HALF, y2, mask=is_k)
+        v_head = tl.arange(0, KV_HEADS_P)[:, None]
+        v_col = tl.arange(0, 2 * HALF_P)[None, :]
+        is_v = (v_head < stored) & (v_col < 2 * HALF)
+        v_src = v_ptr + token * stride_vt + v_head * (2 * HALF) + v_col
+        v = tl.load(v_src, mask=is_v, other=0.0)
+        tl.store(v_cache_ptr + row + v_head * stride_ch + v_col, v, mask=is_v)
 
 
 def rotary_embedding(
-    qk: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    qk: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Rotate every head of ``qk`` in place by its token's position (half-split
-    convention: transformers' ``rotate_half`` / ``apply_rotary_pos_emb``).
+    convention: transformers' ``rotate_half`` / ``apply_rotary_pos_emb``), and with
+    ``store`` also write this pass's K/V into the paged cache in the same launch.
 
     Args:
-        qk: ``[T, num_heads * head_dim]`` view (the q and k columns of the fused
-            qkv output; heads contiguous, rows strided).
+        qk: ``[T, (num_heads + num_kv_heads) * head_dim]`` view (the q and k columns
+            of the fused qkv output; heads contiguous, rows strided).
         positions: ``[T]`` int, each token's position.
         cos, sin: ``[max_positions, head_dim / 2]`` tables (the first half of
             transformers' ``cos``/``sin``, which repeat it), contiguous rows.
+        store: ``(v, k_cache, v_cache, slot_mapping)``: the pass's values ``[T,
+            num_kv_heads * head_dim]`` (last dimension contiguous), caches
+            ``[num_blocks, block_size, num_kv_heads, head_dim]`` (last three
+            dimensions contiguous, one layout for both) and ``[>= T]`` int slots
+            (``block * block_size + offset``; -1 stores nothing, a padded row). The
+            rotated k heads (``qk``'s last ``num_kv_heads``) and ``v`` go to each
+            token's slot: the bits the Triton backend's ``store_kv`` writes after a
+            separate rotation, in one launch a layer instead of two.
     """
     num_tokens = qk.shape[0]
     if num_tokens == 0:
         return
     half = cos.shape[1]
     num_heads = qk.shape[1] // (2 * half)
+    if store is None:
+        v = k_cache = v_cache = slots = qk  # unused placeholders (STORE off)
+        num_kv_heads, block_size = 1, 1
+        cache_strides: tuple[int, ...] = (0, 0, 0)
+    else:
+        v, k_cache, v_cache, slots = store
+        num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+        cache_strides = k_cache.stride()[:3]
     _rotary_kernel[(num_tokens,)](
-        qk, positions, cos, sin, qk.stride(0), cos.stride(0),
-        NUM_HEADS=num_heads, HALF=half, HEADS_P=pow2_at_least(num_heads),
-        HALF_P=pow2_at_least(half), num_warps=4,
+        qk, positions, cos, sin, v, slots, k_cache, v_cache, qk.stride(0), cos.stride(0),
+        v.stride(0), *cache_strides, NUM_HEADS=num_heads, HALF=half,
+        HEADS_P=pow2_at_least(num_heads), HALF_P=pow2_at_least(half), STORE=store is not None,
+        NUM_KV_HEADS=num_kv_heads, KV_HEADS_P=pow2_at_least(num_kv_heads), BLOCK_SIZE=block_size,
+        num_warps=4,
     )  # fmt: skip
 
 

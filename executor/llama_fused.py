@@ -8,8 +8,10 @@
   ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` weights become
   views of the fused ones, so no memory is added and the transformers model
   still runs as before);
-* RMSNorm with the residual add, rotary embedding in place over q and k, and
-  SwiGLU as single Triton kernels (:mod:`~roseinfer.executor.layer_kernels`);
+* RMSNorm with the residual add, rotary embedding in place over q and k (which
+  also writes the pass's K/V into the paged cache: :meth:`FusedLlamaAdapter.qkv_stored`,
+  so the attention backend's store launch is skipped), and SwiGLU as single
+  Triton kernels (:mod:`~roseinfer.executor.layer_kernels`);
 * a layer's MLP output left unsummed (:class:`Unsummed`): the next layer's
   input RMSNorm adds it to the residual stream in its own kernel, as vLLM's
   ``fused_add_rms_norm`` does, so no layer but the last launches an add;
@@ -17,7 +19,7 @@
   computed once as transformers computes them (float32 angles, cast to the
   model's dtype).
 
-Per layer that is 10 launches where the eager adapter makes about 35. The
+Per layer that is 9 launches where the eager adapter makes about 35. The
 model runner uses it on CUDA when Triton is installed
 (:func:`~roseinfer.executor.models.make_adapter`); the CPU keeps the eager
 modules (the CPU tests compare them with transformers bit for bit).
@@ -80,6 +82,8 @@ class FusedLlamaAdapter(LlamaAdapter):
         ValueError: if the MLP is not SwiGLU (``gate_proj``/``up_proj``, silu).
     """
 
+    stores_kv = True
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         if not self._silu:
@@ -116,6 +120,21 @@ class FusedLlamaAdapter(LlamaAdapter):
         return positions  # the kernel reads the tables at these positions
 
     def qkv(self, layer_idx, hidden, pos_ctx):
+        return self._qkv(layer_idx, hidden, pos_ctx, None)
+
+    def qkv_stored(self, layer_idx, hidden, pos_ctx, k_cache, v_cache, slot_mapping):
+        """:meth:`qkv`, with this pass's K/V also written into the paged cache by
+        the rotary kernel (:func:`~roseinfer.executor.layer_kernels.rotary_embedding`
+        with ``store``): one launch a layer where rotating and then storing take two.
+
+        Args:
+            k_cache, v_cache: the layer's ``[num_blocks, block_size, num_kv_heads,
+                head_dim]`` caches.
+            slot_mapping: ``[>= T]`` int slots; -1 (padding) stores nothing.
+        """
+        return self._qkv(layer_idx, hidden, pos_ctx, (k_cache, v_cache, slot_mapping))
+
+    def _qkv(self, layer_idx, hidden, pos_ctx, store):
         weight = self.layers[layer_idx].input_layernorm.weight
         if isinstance(hidden, Unsummed):  # the previous layer's add, into mlp_out
             x = kernels.rms_norm(hidden.mlp_out, weight, self.eps[layer_idx], hidden.residual)
@@ -123,7 +142,10 @@ class FusedLlamaAdapter(LlamaAdapter):
             x = kernels.rms_norm(hidden, weight, self.eps[layer_idx])
         weight, bias = self.qkv_weights[layer_idx]
         qkv = torch.nn.functional.linear(x, weight, bias)
-        kernels.rotary_embedding(qkv[:, : self._qk_cols], pos_ctx, self.cos, self.sin)
+        qk, v_cols = qkv[:, : self._qk_cols], qkv[:, self._qk_cols :]
+        kernels.rotary_embedding(
+            qk, pos_ctx, self.cos, self.sin, None if store is None else (v_cols, *store)
+        )
         t, d = qkv.shape[0], self.shape.head_dim
         q = qkv[:, : self._q_cols].view(t, -1, d)
         k = qkv[:, self._q_cols : self._qk_cols].view(t, -1, d)

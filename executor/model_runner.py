@@ -516,10 +516,16 @@ class ModelRunner:
         adapter, backend = self.adapter, self.backend
         hidden = adapter.embed(batch.token_ids, batch.positions)
         pos_ctx = adapter.position_context(batch.positions, hidden.dtype)
+        stores_kv = adapter.stores_kv
         for layer_idx in range(self.shape.num_layers):
-            q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
             k_cache, v_cache = self.kv.k(layer_idx), self.kv.v(layer_idx)
-            backend.write_kv(k, v, k_cache, v_cache, batch)
+            if stores_kv:  # the K/V are in the cache already (one launch fewer)
+                q, k, v = adapter.qkv_stored(
+                    layer_idx, hidden, pos_ctx, k_cache, v_cache, batch.slot_mapping
+                )
+            else:
+                q, k, v = adapter.qkv(layer_idx, hidden, pos_ctx)
+                backend.write_kv(k, v, k_cache, v_cache, batch)
             scale = adapter.attn_scale(layer_idx)
             out = backend.forward(q, k, v, k_cache, v_cache, meta, batch, scale)
             hidden = adapter.finish_layer(layer_idx, hidden, out.flatten(1))

@@ -76,6 +76,35 @@ def test_rotary_rotates_q_and_k_in_place_like_transformers(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 16), (6, 3, 12)])
+def test_rotary_with_store_writes_what_rotating_then_storing_writes(dtype, heads, kv_heads, dim):
+    """One launch rotates q and k in place and stores the rotated k and v at their
+    slots: the same bits as the rotation followed by the Triton backend's store,
+    and nothing for a padded row (slot -1)."""
+    from roseinfer.executor import triton_kernels
+
+    tokens, block_size = 5, 4
+    qkv = rand(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    positions = torch.tensor([0, 3, 7, 2, 30], device=DEVICE)
+    cos, sin = rand(40, dim // 2, dtype=dtype, seed=1), rand(40, dim // 2, dtype=dtype, seed=2)
+    slots = torch.tensor([0, 1, -1, 5, 9], device=DEVICE)
+    qk_cols = (heads + kv_heads) * dim
+    cache = lambda: torch.full((4, block_size, kv_heads, dim), 7.0, device=DEVICE).to(dtype)  # noqa: E731
+    fused, k_cache, v_cache = qkv.clone(), cache(), cache()
+    kernels.rotary_embedding(fused[:, :qk_cols], positions, cos, sin,
+                             (fused[:, qk_cols:], k_cache, v_cache, slots))  # fmt: skip
+    apart, k_ref, v_ref = qkv.clone(), cache(), cache()
+    kernels.rotary_embedding(apart[:, :qk_cols], positions, cos, sin)
+    k = apart[:, heads * dim : qk_cols].view(tokens, kv_heads, dim)
+    v = apart[:, qk_cols:].view(tokens, kv_heads, dim)
+    triton_kernels.store_kv(k, v, k_ref, v_ref, slots)
+    assert torch.equal(fused, apart)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    stored = (k_cache != 7.0).any(-1).any(-1).flatten().nonzero().flatten().tolist()
+    assert stored == [0, 1, 5, 9]  # the padded row's slot stays untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_matches_the_eager_mlp(dtype):
     gate_up = rand(6, 2 * 40, dtype=dtype)
     gate, up = gate_up[:, :40], gate_up[:, 40:]
@@ -99,18 +128,21 @@ def test_fused_weights_are_views_and_leave_the_model_unchanged():
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-def test_fused_adapter_greedy_matches_generate(name):
-    """The runner over the fused adapter decodes transformers' greedy tokens, and its
-    logits agree with the eager adapter's."""
+@pytest.mark.parametrize(("name", "backend"), [("tiny-llama", "auto"), ("tiny-qwen2", "auto"),
+                                                ("tiny-llama", "triton")])  # fmt: skip
+def test_fused_adapter_greedy_matches_generate(name, backend):
+    """The runner over the fused adapter (which stores K/V in its rotary kernel)
+    decodes transformers' greedy tokens, and its logits agree with the eager
+    adapter's, whatever attention backend reads the cache."""
     model = tiny(name).to(DEVICE)
     prompts = prompts_of(5, 17, 23)
     tables = [list(range(i * 4, i * 4 + 4)) for i in range(3)]
     expected = [hf_greedy(model, p, 6) for p in prompts]
     fused = make_adapter(model, fused=True)
-    assert isinstance(fused, FusedLlamaAdapter)
+    assert isinstance(fused, FusedLlamaAdapter) and fused.stores_kv
     runner = ModelRunner(model, num_kv_blocks=16, block_size=16, device=DEVICE,
-                         dtype=torch.float32, adapter=fused, enforce_eager=True)  # fmt: skip
+                         dtype=torch.float32, adapter=fused, enforce_eager=True,
+                         attention_backend=backend)  # fmt: skip
     eager = ModelRunner(model, num_kv_blocks=16, block_size=16, device=DEVICE,
                         dtype=torch.float32, adapter=LlamaAdapter(model),
                         enforce_eager=True)  # fmt: skip
