@@ -123,15 +123,18 @@ def used_block_ids(seqs: Sequence[SeqInput], num_blocks: np.ndarray) -> np.ndarr
         ValueError: if a table is shorter than its count (the runner checks first).
     """
     counts = num_blocks.tolist()
+    total = sum(counts)
     tables = [s.block_table for s in seqs]
     try:  # array('i') tables, whose bytes are C ints; a list raises TypeError here
         joined = b"".join([t[:k] for t, k in zip(tables, counts)])  # type: ignore[misc]
     except TypeError:
-        parts = [np.asarray(t[:k], np.int64) for t, k in zip(tables, counts)]
-        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    else:
-        ids = np.frombuffer(joined, np.intc).astype(np.int64)
-    if ids.size != sum(counts):  # a short table (or an array of another item size)
+        joined = b""
+    if len(joined) == total * np.intc().itemsize:
+        return np.frombuffer(joined, np.intc).astype(np.int64)
+    # lists, tuples, wider integer arrays, or a short table: one read per table
+    parts = [np.asarray(t[:k], np.int64) for t, k in zip(tables, counts)]
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if ids.size != total:
         raise ValueError("a block table is shorter than its sequence's blocks")
     return ids
 

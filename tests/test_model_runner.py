@@ -329,8 +329,8 @@ def test_block_ids_are_the_managers_table_read_in_place():
 @pytest.mark.parametrize("as_array", [True, False])
 def test_a_table_shorter_than_its_count_is_refused_whatever_its_type(as_array):
     """The block ids are read in one join of the tables' bytes (an ``array('i')``
-    per sequence) or per table (lists): a short table or an array of wider items
-    must not pass as fewer or more ids."""
+    per sequence) or per table (lists, wider integer arrays): a short table must
+    not pass as fewer ids, nor 8-byte items as twice as many."""
     from roseinfer.executor.input_batch import used_block_ids
 
     table = array("i", [3, 4]) if as_array else [3, 4]
@@ -338,9 +338,10 @@ def test_a_table_shorter_than_its_count_is_refused_whatever_its_type(as_array):
     assert used_block_ids(seqs, np.array([1, 2])).tolist() == [7, 3, 4]
     with pytest.raises(ValueError, match="shorter"):
         used_block_ids(seqs, np.array([1, 3]))
-    wide = [SeqInput([1], 0, array("q", [7]))]  # 8-byte items: two C ints each
-    with pytest.raises(ValueError):
-        used_block_ids(wide, np.array([1]))
+    wide = [SeqInput([1], 0, array("q", [7, 8])), SeqInput([1], 0, np.array([9], np.int64))]
+    assert used_block_ids(wide, np.array([2, 1])).tolist() == [7, 8, 9]
+    with pytest.raises(ValueError, match="shorter"):
+        used_block_ids(wide, np.array([3, 1]))
 
 
 def test_unknown_model_name_lists_known_names():
