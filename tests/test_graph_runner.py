@@ -397,3 +397,28 @@ def test_a_released_runner_is_freed_at_once_with_its_graphs_destroyed(monkeypatc
     finally:
         if was_enabled:
             gc.enable()
+
+
+@needs_triton
+def test_the_fused_adapters_kv_store_skips_the_graph_paths_padding():
+    """The fused Llama adapter stores K/V in its rotary launch. Through the static
+    buffers (decodes padded to a capture size, FULL passes padded with a keyless
+    sequence: slot -1 rows) it gives the eager non-fused runner's tokens, and the KV
+    pool holds the same values, padding rows writing nowhere."""
+    from roseinfer.executor.llama_fused import FusedLlamaAdapter
+
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts, tables = prompts_of(5, 9, 6, 30), [list(range(i * 10, i * 10 + 10)) for i in range(4)]
+    eager_runner = runner_for(model, enforce_eager=True)
+    eager = mixed_steps(eager_runner, prompts, tables)
+    eager_decodes = decode_tokens(eager_runner, prompts[:3], tables[:3], 3)
+    runner = runner_for(model, cudagraph_mode="FULL", max_tokens_per_pass=24,
+                        adapter=FusedLlamaAdapter(model))  # fmt: skip
+    assert runner.adapter.stores_kv
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=40)
+    assert mixed_steps(runner, prompts, tables) == eager
+    assert decode_tokens(runner, prompts[:3], tables[:3], 3) == eager_decodes  # 3 padded to 4
+    # fused and eager layers round apart (1e-4); blocks no table holds (40-63, the last
+    # where a -1 slot would wrap to) stay exactly as the eager runner left them
+    torch.testing.assert_close(runner.kv_cache, eager_runner.kv_cache, rtol=1e-4, atol=1e-4)
+    assert torch.equal(runner.kv_cache[:, :, 40:], eager_runner.kv_cache[:, :, 40:])
