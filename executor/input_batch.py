@@ -115,9 +115,8 @@ def used_block_ids(seqs: Sequence[SeqInput], num_blocks: np.ndarray) -> np.ndarr
     """``[sum(num_blocks)]`` int64: each sequence's first ``num_blocks[i]`` block ids,
     in sequence order. Tables held as ``array('i')`` (the block manager's own,
     ``BlockManager.block_ids``) are joined as bytes and read in one numpy call, with
-    no Python int per id and no numpy call per sequence: at 256 decodes of 64 blocks
-    the per-id reads took 1.1 ms of a step's host work, one ``np.frombuffer`` per
-    table 0.23 ms, the join 0.05 ms (``benchmarks/decode_host.py``, this VM).
+    no Python int per id and no numpy call per sequence (the per-id reads were the
+    largest part of a 256-sequence decode step's host work; ``benchmarks/decode_host.py``).
 
     Raises:
         ValueError: if a table is shorter than its count (the runner checks first).
