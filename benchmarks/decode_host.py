@@ -17,6 +17,11 @@ batch, static-buffer loads) and the rest (sampling, applying the result).
 
 ``--baseline-python`` runs the same measurement with another checkout's python
 (its installed roseinfer) in the same run, alternating, and prints the ratios.
+``--balanced`` adds a side of this checkout with the Triton backend's balanced
+key splits on for every unsplit decode launch (the warm-up's choice on a GPU
+that keeps them; the interpreter tunes nothing), so the host cost of building
+the work list is timed against the plain side; ``--skew 4`` makes the first
+request's prompt 4x longer, so the work list splits it.
 
     python benchmarks/decode_host.py                       # B = 1, 32, 64, 128, 256
     python benchmarks/decode_host.py --baseline-python ../base/.venv/bin/python
@@ -43,8 +48,12 @@ BLOCK_SIZE = 16
 MAX_NUM_SEQS = 256  # the capture sizes of a default run
 
 
-def measure(batch: int, steps: int, warmup: int) -> dict[str, float]:
-    """Median milliseconds of each host part of a decode step at ``batch`` sequences."""
+def measure(
+    batch: int, steps: int, warmup: int, balanced: bool = False, skew: int = 1
+) -> dict[str, float]:
+    """Median milliseconds of each host part of a decode step at ``batch`` sequences
+    (``balanced``: balanced key splits on; ``skew``: the first prompt that many
+    times longer)."""
     import numpy as np
     import torch
 
@@ -58,20 +67,27 @@ def measure(batch: int, steps: int, warmup: int) -> dict[str, float]:
     output_tokens = warmup + steps + 4
     per_seq = -(-(PROMPT_TOKENS + output_tokens) // BLOCK_SIZE) + 1
     config = SchedulerConfig(
-        num_kv_blocks=batch * per_seq, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
-        enable_prefix_caching=False, max_model_len=2048,
+        num_kv_blocks=(batch + skew - 1) * per_seq, block_size=BLOCK_SIZE,
+        max_num_seqs=MAX_NUM_SEQS, enable_prefix_caching=False, max_model_len=2048 * skew,
     )  # fmt: skip
     runner = new_runner(model, config, device="cpu", dtype=torch.float32,
                         choice=RunnerChoice("triton"))  # fmt: skip
     hidden, vocab = int(cfg.hidden_size), int(cfg.vocab_size)
     runner._body = lambda b, meta: torch.zeros(b.num_tokens, hidden)  # type: ignore[method-assign]
     runner.adapter.logits = lambda h: torch.zeros(h.shape[0], vocab)  # type: ignore[method-assign]
+    if balanced:
+        backend = runner.backend
+        for size in backend_sizes(MAX_NUM_SEQS):
+            key = (backend.block_q(1), backend.num_splits(size, 1))
+            if key[1] == 1:
+                backend.balanced.add(key)
     runner.capture_cuda_graphs(MAX_NUM_SEQS, config.max_model_len)
     engine = Engine(runner, config, seed=0, record_timings=True)
     rng = np.random.default_rng(0)
     for i in range(batch):
-        prompt = tuple(rng.integers(1, vocab, PROMPT_TOKENS).tolist())
-        engine.add_request(Request(f"r{i}", 0.0, PROMPT_TOKENS, output_tokens, prompt))
+        length = PROMPT_TOKENS * (skew if i == 0 else 1)
+        prompt = tuple(rng.integers(1, vocab, length).tolist())
+        engine.add_request(Request(f"r{i}", 0.0, length, output_tokens, prompt))
     while engine.scheduler.waiting:  # the prefills
         engine.step()
     parts: dict[str, list[float]] = {"plan": [], "inputs": [], "forward": [], "rest": []}
@@ -94,13 +110,21 @@ def measure(batch: int, steps: int, warmup: int) -> dict[str, float]:
     return out
 
 
-def run_in(python: str, batch: int, steps: int, warmup: int) -> dict[str, float]:
+def backend_sizes(max_num_seqs: int) -> list[int]:
+    """The decode capture sizes up to ``max_num_seqs``."""
+    from roseinfer.executor.graph_runner import capture_sizes
+
+    return capture_sizes(max_num_seqs)
+
+
+def run_in(python: str, batch: int, steps: int, warmup: int, *extra: object) -> dict[str, float]:
     """:func:`measure` in a fresh process of ``python`` (one torch thread: the host
-    work is single-threaded Python and numpy)."""
+    work is single-threaded Python and numpy); ``extra``: its further arguments."""
+    call = ", ".join(repr(a) for a in (batch, steps, warmup, *extra))
     code = (
         f"import json, sys, torch; torch.set_num_threads(1); "
         f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import decode_host; "
-        f"print(json.dumps(decode_host.measure({batch}, {steps}, {warmup})))"
+        f"print(json.dumps(decode_host.measure({call})))"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # cwd: not the checkout (its roseinfer/ would shadow the other side's install)
@@ -121,10 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds per side")
     p.add_argument("--baseline-python", help="python of another checkout to compare with")
+    p.add_argument("--balanced", action="store_true", help="add a side with balanced splits")
+    p.add_argument("--skew", type=int, default=1, help="the first prompt this many times longer")
     args = p.parse_args(argv)
-    sides = {"this": sys.executable}
+    if args.skew < 1:
+        p.error(f"--skew must be >= 1, got {args.skew}")
+    sides: dict[str, tuple[str, bool]] = {"this": (sys.executable, False)}
     if args.baseline_python:
-        sides["baseline"] = args.baseline_python
+        sides["baseline"] = (args.baseline_python, False)
+    if args.balanced:
+        sides["balanced"] = (sys.executable, True)
     print("decode host work per step (ms; median of steps, best of rounds), model stubbed")
     header = f"{'B':>4} {'side':<9}" + "".join(
         f"{k:>9}" for k in ("plan", "inputs", "forward", "rest", "total")
@@ -133,16 +163,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     for batch in (int(b) for b in args.batch_sizes.split(",") if b):
         best: dict[str, dict[str, float]] = {}
         for _ in range(args.rounds):
-            for side, python in sides.items():
-                got = run_in(python, batch, args.steps, args.warmup)
+            for side, (python, balanced) in sides.items():
+                extra = (balanced, args.skew) if balanced or args.skew > 1 else ()
+                got = run_in(python, batch, args.steps, args.warmup, *extra)
                 if side not in best or got["total"] < best[side]["total"]:
                     best[side] = got
         for side, r in best.items():
             print(f"{batch:>4} {side:<9}" + "".join(f"{r[k]:9.3f}" for k in r))
-        if "baseline" in best:
-            b, r = best["baseline"], best["this"]
-            ratios = "".join(f"{r[k] / b[k]:9.2f}" if b[k] > 0 else f"{'-':>9}" for k in r)
-            print(f"{batch:>4} {'this/base':<9}" + ratios)
+        for side, base, label in (("this", "baseline", "this/base"),
+                                  ("balanced", "this", "bal/this")):  # fmt: skip
+            if side in best and base in best:
+                b, r = best[base], best[side]
+                ratios = "".join(f"{r[k] / b[k]:9.2f}" if b[k] > 0 else f"{'-':>9}" for k in r)
+                print(f"{batch:>4} {label:<9}" + ratios)
     return 0
 
 

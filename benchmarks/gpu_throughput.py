@@ -50,6 +50,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from _common import table
@@ -59,11 +60,11 @@ from gpu.device_line import device_facts
 from roseinfer import workloads
 from roseinfer.calibration.cost_model import BatchShape, RooflineCostModel
 from roseinfer.calibration.specs import DATASHEET_DEVICES, get_device_spec
-from roseinfer.calibration.steplog import StepRecorder
+from roseinfer.calibration.steplog import StepLogWriter, StepRecorder, make_header
 from roseinfer.config import SCHEDULER_PRESETS, SchedulerConfig
 from roseinfer.executor import builder
 from roseinfer.executor.engine import Engine, synchronize
-from roseinfer.executor.facts import model_spec_of
+from roseinfer.executor.facts import environment_facts, executor_facts, model_spec_of
 from roseinfer.executor.model_runner import ModelRunner
 from roseinfer.executor.warmup import scratch_inputs
 from roseinfer.request import Request
@@ -87,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--backends",
         help="comma-separated; NAME:eager runs NAME with --enforce-eager, triton:nosplit "
-        "without fixed-length key splits, triton:full with --cudagraph-mode FULL (small "
+        "without balanced key splits, triton:full with --cudagraph-mode FULL (small "
         "prefill and mixed passes replayed too) (default: triton,triton:eager,sdpa on CUDA; "
         "sdpa on CPU)",
     )
@@ -118,6 +119,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kernel-table",
         action="store_true",
         help="print the torch profiler's kernel table of each step of (c) on the eager backends",
+    )
+    p.add_argument(
+        "--save-steps",
+        metavar="DIR",
+        help="write each served workload's step log to DIR/steps-WORKLOAD-SYSTEM.jsonl (the "
+        "schema of rose-run --save-steps: benchmarks/gpu/decode_skew.py, rose-sim --cost-model)",
     )
     p.add_argument("--small", action="store_true", help="tiny workloads and steps (smoke test)")
     args = p.parse_args(argv)
@@ -237,8 +244,8 @@ def make_runner(
     choice = builder.RunnerChoice(name, enforce_eager=mode == "eager", cudagraph_mode=graphs)
     built = builder.build_runner(loaded, config, size, choice)
     runner = built.runner
-    if mode == "nosplit":  # the warm-up never keeps fixed-length splits (an A/B of them)
-        runner.backend.fixed_length_splits = False
+    if mode == "nosplit":  # the warm-up never keeps balanced splits (an A/B of them)
+        runner.backend.balanced_splits = False
     builder.warm_up(runner, built.config)
     plan = built.pool.plan
     note = (
@@ -248,17 +255,17 @@ def make_runner(
     return runner, (
         f"{system_name(runner)}: {note}; CUDA graphs "
         f"{runner.cuda_graph_capture_s:.1f} s; attention tuned in {runner.attention_tune_s:.1f} s"
-        f" {getattr(runner.backend, 'launch', {})}, fixed-length splits "
-        f"{getattr(runner.backend, 'segments', {}) or 'none'}; set-up {setup_s:.1f} s"
+        f" {getattr(runner.backend, 'launch', {})}, balanced splits "
+        f"{sorted(getattr(runner.backend, 'balanced', ())) or 'none'}; set-up {setup_s:.1f} s"
     )
 
 
 def system_name(runner: ModelRunner) -> str:
     """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph,
-    ``-nosplit`` when fixed-length key splits were ruled out and ``-full`` when
+    ``-nosplit`` when balanced key splits were ruled out and ``-full`` when
     prefill and mixed passes replay graphs too."""
     eager = "-eager" if runner.enforce_eager and runner.device.type == "cuda" else ""
-    nosplit = "" if getattr(runner.backend, "fixed_length_splits", True) else "-nosplit"
+    nosplit = "" if getattr(runner.backend, "balanced_splits", True) else "-nosplit"
     full = "-full" if runner.mixed_graph_max_tokens else ""
     return f"roseinfer-{runner.attention_backend}{eager}{nosplit}{full}"
 
@@ -270,6 +277,26 @@ def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: in
     engine = Engine(runner, config, record_timings=True, on_step=recorder)
     result = engine.run(reqs)
     return result, recorder.records or [], result.timings
+
+
+def save_steps(args, runner: ModelRunner, served: tuple[str, str], records,
+               floor: RooflineCostModel, max_model_len: int) -> None:  # fmt: skip
+    """The steps of workload ``served = (name, system)`` as
+    ``args.save_steps/steps-NAME-SYSTEM.jsonl``, with the model's shape and the runner's
+    facts (its attention launches among them) in the header."""
+    name, system = served
+    config = scheduler_config(args, runner.num_kv_blocks, max_model_len)
+    fitted = "clip" if name == "b" else "off"
+    header = make_header(
+        "rose-run",
+        model={"name": args.model, "spec": dataclasses.asdict(floor.model)},
+        executor=executor_facts(runner, config, args.max_num_batched_tokens, None, fitted),
+        environment=environment_facts(runner.device),
+    )
+    path = Path(args.save_steps) / f"steps-{name}-{system}.jsonl"
+    with StepLogWriter(path, header) as writer:
+        for record in records:
+            writer.write(record)
 
 
 def throughput_row(workload: str, system: str, reqs: Sequence[Request], wall_s: float,
@@ -394,6 +421,8 @@ def bench_backend(loaded, backend, args, loads, floor, max_model_len):
         result, records, timings = run_engine(runner, args, reqs, max_model_len)
         floor_s = sum(floor.step_time_s(r.shape) for r in records)
         system = system_name(runner)
+        if args.save_steps:
+            save_steps(args, runner, (name, system), records, floor, max_model_len)
         rows.append(throughput_row(name, system, reqs, result.duration_s, floor_s))
         if backend == args.backends[0]:
             rows.append(throughput_row(name, f"floor of its steps ({args.hardware})", reqs,

@@ -49,12 +49,17 @@ class AttentionBackend:
     decode_split_programs = 0
     mixed_graph_max_tokens = 0
 
-    def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
+    def host_fields(
+        self, query_lens: np.ndarray, max_query_len: int, seq_lens: np.ndarray
+    ) -> dict[str, np.ndarray]:
         """Extra int64 arrays for this pass, copied to the device with the rest.
+        A padded decode batch's arrays must have lengths that depend on its rows
+        only (the static buffers of its CUDA graph hold them).
 
         Args:
             query_lens: ``[num_seqs]`` new tokens per sequence.
             max_query_len: their maximum.
+            seq_lens: ``[num_seqs]`` context tokens per sequence (0: padding).
         """
         return {}
 

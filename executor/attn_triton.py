@@ -23,15 +23,21 @@ chooses the launch shape from host integers only (no device read):
   contexts at 53% of the copy bandwidth, 256 sequences at 86%). The split count
   depends on the batch size rounded up to the CUDA-graph capture grid, so a
   graph replay and an eager step of the same batch run the same kernels.
-* fixed-length splits: a decode batch large enough not to split has one program
-  per sequence and KV head, so its longest context runs alone on one SM after
-  the others are done (on one H100, a 256-sequence decode of Azure conv
-  contexts took 1.7 us more per token of its longest context). The warm-up
-  times such a batch with uniform contexts and with one context
-  :data:`SKEW_FACTOR` times longer, without splits and with splits of
-  :data:`SEGMENT_TOKENS` keys from each context's start (enough of them for
-  ``max_model_len``, so the launch is fixed and graphs hold), and keeps the
-  splits only if they win over both passes together by :data:`TUNE_MARGIN`.
+* balanced splits: a decode batch large enough not to split has one program
+  per sequence and KV head, so its longest context streams its keys alone on one
+  SM after the others are done (on one H100, 256 decodes at 1,024 tokens took
+  22.6 ms, and 28.2 ms with one context of 4,096: 1.8 us per token of the one
+  long context, 2026-11-27, ``benchmarks/gpu/results/h100-2026-11-27d-full/
+  steps.txt``). Balanced splits cut only the contexts longer than
+  :data:`BALANCE_SLACK` runs into equal runs, a run being about the batch's
+  mean context (at least :data:`BALANCE_MIN_KEYS` keys), list them first so
+  they start first, and merge their partials in a reduce over the split
+  sequences only (:func:`balanced_work`). The list has room for a quarter more
+  runs than rows (runs grow when a batch would need more), so a padded batch
+  has one launch and graphs hold. The warm-up times such a batch with uniform
+  contexts and with one context :data:`SKEW_FACTOR` times longer, plain and
+  balanced, and keeps the balanced launch only if it wins over both passes
+  together by :data:`TUNE_MARGIN`.
 
 Every launch parameter is a function of the pass's shape, so a padded decode
 batch has one fixed launch: the backend supports CUDA graphs.
@@ -39,11 +45,12 @@ batch has one fixed launch: the backend supports CUDA graphs.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +58,9 @@ import torch
 from .attn_base import AttentionBackend, pow2_at_least
 from .graph_runner import DEFAULT_CAPTURE_LIMIT, MIXED_QUERY_LEN, capture_sizes, padded_size
 from .input_batch import StepBatch
+
+if TYPE_CHECKING:
+    from .triton_kernels import WorkList
 
 DECODE_ROWS, PREFILL_ROWS, LONG_PREFILL_ROWS = 16, 64, 128  # query rows per program
 LONG_QUERY_TOKENS = 512
@@ -63,8 +73,10 @@ PREFILL_CANDIDATES = ((64, 4, 3), (64, 8, 3), (128, 8, 3), (32, 8, 3))
 TUNE_CONTEXT, TUNE_PREFILL_LEN, TUNE_SHORT_PREFILL_LEN = 1024, 2048, 256
 MAX_SPLITS = 16
 SPLIT_TARGET_WAVES = 4
-SEGMENT_TOKENS = 1024  # keys per fixed-length split (at least; see segment_launch)
-MAX_SEGMENTS = 32  # fixed-length splits per context at most (longer runs past that)
+BALANCE_MIN_KEYS = 512  # keys per run of a balanced split, at least
+MAX_PARTS = 16  # runs of one context at most (longer runs past that)
+BALANCE_SLACK = 1.5  # a context is split when longer than this many runs
+BALANCE_ROWS_PER_EXTRA = 4  # the work list has room for one extra run per this many rows
 SKEW_FACTOR = 4  # the tuning's skewed decode: one context this many times the others
 INTERPRETER_NUM_SMS = 4  # what the CPU interpreter pretends to have (exercises split-KV)
 _SPLIT_GRID = capture_sizes(DEFAULT_CAPTURE_LIMIT)
@@ -77,7 +89,7 @@ class TritonMetadata:
     Attributes:
         q_block_seq, q_block_start: ``[num_q_blocks]`` int64 (see :func:`query_blocks`).
         block_q, tile_n, num_splits, num_warps, num_stages: see the module doc.
-        split_tiles: tiles per fixed-length split (0: ``num_splits`` equal runs).
+        work: the balanced splits of a decode pass (None: none).
     """
 
     q_block_seq: torch.Tensor
@@ -87,7 +99,7 @@ class TritonMetadata:
     num_splits: int
     num_warps: int = 4
     num_stages: int = 3
-    split_tiles: int = 0
+    work: WorkList | None = None
 
 
 class TritonBackend(AttentionBackend):
@@ -121,12 +133,12 @@ class TritonBackend(AttentionBackend):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         # (block_q, num_splits) -> (tile_n, num_warps, num_stages), filled by tune()
         self.launch: dict[tuple[int, int], tuple[int, int, int]] = {}
-        # the same keys -> (num_splits, split_tiles) where tune() kept fixed-length splits
-        self.segments: dict[tuple[int, int], tuple[int, int]] = {}
+        # the decode keys where tune() kept balanced splits
+        self.balanced: set[tuple[int, int]] = set()
         # ms of one call of a launch; None: triton.testing.do_bench (tests time the
         # interpreter's launches with a script of their own)
         self.timer: Any = None
-        self.fixed_length_splits = True  # False: tune() never keeps them (an A/B)
+        self.balanced_splits = True  # False: tune() never keeps them (an A/B)
         self.groups_p = pow2_at_least(num_heads // num_kv_heads)
         self.cuda = device.type == "cuda"
         self.num_sms = (
@@ -154,9 +166,18 @@ class TritonBackend(AttentionBackend):
         programs = (padded_size(num_seqs, _SPLIT_GRID) or num_seqs) * self.num_kv_heads
         return max(1, min(MAX_SPLITS, -(-SPLIT_TARGET_WAVES * self.num_sms // programs)))
 
-    def host_fields(self, query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
-        seq, start = query_blocks(query_lens, self.block_q(max_query_len))
-        return {"q_block_seq": seq, "q_block_start": start}
+    def host_fields(
+        self, query_lens: np.ndarray, max_query_len: int, seq_lens: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        block_q = self.block_q(max_query_len)
+        seq, start = query_blocks(query_lens, block_q)
+        fields = {"q_block_seq": seq, "q_block_start": start}
+        key = (block_q, self.num_splits(len(query_lens), max_query_len))
+        if max_query_len == 1 and key[1] == 1 and key in self.balanced:
+            tile_n = self.launch.get(key, (DECODE_TILE,))[0]
+            items, reduce = balanced_work(seq_lens, tile_n)
+            fields["work_items"], fields["work_reduce"] = items.ravel(), reduce.ravel()
+        return fields
 
     def graph_host_fields(
         self, query_lens: np.ndarray, num_tokens: int, num_seqs: int
@@ -182,12 +203,17 @@ class TritonBackend(AttentionBackend):
         splits = self.num_splits(batch.num_seqs, batch.max_query_len)
         default = (DECODE_TILE if batch.max_query_len == 1 else PREFILL_TILE, 4, 3)
         tile_n, warps, stages = self.launch.get((block_q, splits), default)
-        splits, split_tiles = self.segments.get((block_q, splits), (splits, 0))
+        items = batch.extra.get("work_items")
+        work = None
+        if items is not None:
+            work = self.kernels.WorkList(
+                items.view(-1, 4), batch.extra["work_reduce"].view(-1, 3), MAX_PARTS
+            )
         return TritonMetadata(
             q_block_seq=batch.extra["q_block_seq"],
             q_block_start=batch.extra["q_block_start"],
             block_q=block_q, tile_n=tile_n, num_splits=splits, num_warps=warps,
-            num_stages=stages, split_tiles=split_tiles,
+            num_stages=stages, work=work,
         )  # fmt: skip
 
     def tune(self, k_cache, v_cache, *, max_num_seqs, max_model_len, max_pass_tokens) -> float:
@@ -201,31 +227,31 @@ class TritonBackend(AttentionBackend):
             if key not in self.launch:
                 self.launch[key] = self._fastest(k_cache, v_cache, num_seqs, query_len, context)
                 if query_len == 1 and key[1] == 1:
-                    self._choose_segments(k_cache, v_cache, key, num_seqs, context, max_model_len)
+                    self._choose_balanced(k_cache, v_cache, key, num_seqs, context, max_model_len)
         return time.perf_counter() - start
 
     def tune_facts(self) -> dict[str, Any]:
         return {"backend": self.name, "num_sms": self.num_sms,
-                "fixed_length_splits": self.fixed_length_splits}  # fmt: skip
+                "balanced_splits": self.balanced_splits}  # fmt: skip
 
     def tuned_launches(self) -> dict[str, Any]:
         """``launch``: ``[block_q, num_splits, tile_n, num_warps, num_stages]`` per
-        launch kind; ``segments``: ``[block_q, num_splits, fixed splits,
-        split_tiles]`` where fixed-length splits were kept."""
+        launch kind; ``balanced``: ``[block_q, num_splits]`` of the decode launches
+        that kept balanced splits."""
         if not self.launch:
             return {}
         return {
             "launch": [[*key, *value] for key, value in sorted(self.launch.items())],
-            "segments": [[*key, *value] for key, value in sorted(self.segments.items())],
+            "balanced": [list(key) for key in sorted(self.balanced)],
         }
 
     def adopt_launches(self, launches: Mapping[str, Any]) -> bool:
         launch = _int_rows(launches.get("launch"), 5)
-        segments = _int_rows(launches.get("segments"), 4)
-        if not launch or segments is None:
+        balanced = _int_rows(launches.get("balanced"), 2)
+        if not launch or balanced is None:
             return False
         self.launch = {(r[0], r[1]): (r[2], r[3], r[4]) for r in launch}
-        self.segments = {(r[0], r[1]): (r[2], r[3]) for r in segments}
+        self.balanced = {(r[0], r[1]) for r in balanced}
         return True
 
     def _fastest(self, k_cache, v_cache, num_seqs: int, query_len: int, context: int):
@@ -235,41 +261,41 @@ class TritonBackend(AttentionBackend):
         timed = []
         for launch in DECODE_CANDIDATES if query_len == 1 else PREFILL_CANDIDATES:
             try:
-                timed.append((run(launch, self.num_splits(num_seqs, query_len), 0), launch))
+                timed.append((run(launch, self.num_splits(num_seqs, query_len), False), launch))
             except Exception:  # noqa: BLE001 - a candidate that does not compile here is skipped
                 continue
         default = (DECODE_TILE if query_len == 1 else PREFILL_TILE, 4, 3)
         return steady_pick(timed) or default
 
-    def _choose_segments(
+    def _choose_balanced(
         self, k_cache, v_cache, key: tuple[int, int], num_seqs: int, context: int,
         max_model_len: int,
     ) -> None:  # fmt: skip
-        """Keep fixed-length splits for the decode launch ``key`` (unsplit by the
-        SM rule) if they are faster over a uniform pass and a skewed one together
+        """Keep balanced splits for the decode launch ``key`` (unsplit by the SM
+        rule) if they are faster over a uniform pass and a skewed one together
         (see the module doc)."""
+        longest = min(max_model_len, SKEW_FACTOR * context)
+        if num_seqs < 2 or longest <= max(context, BALANCE_MIN_KEYS) or not self.balanced_splits:
+            return  # no context the balanced launch would cut
         launch = self.launch[key]
-        splits, split_tiles = segment_launch(max_model_len, launch[0])
-        if splits < 2 or num_seqs < 2 or not self.fixed_length_splits:
-            return
         skewed = np.full(num_seqs, context)
-        skewed[0] = min(max_model_len, SKEW_FACTOR * context)
-        plain = segmented = 0.0
+        skewed[0] = longest
+        plain = balanced = 0.0
         for contexts in (np.full(num_seqs, context), skewed):
             run = self._pass(k_cache, v_cache, 1, contexts)
             try:
-                plain += run(launch, 1, 0)
-                segmented += run(launch, splits, split_tiles)
+                plain += run(launch, 1, False)
+                balanced += run(launch, 1, True)
             except Exception:  # noqa: BLE001 - the variant does not compile here: keep the plain one
                 return
-        if segmented < plain * (1 - TUNE_MARGIN):
-            self.segments[key] = (splits, split_tiles)
+        if balanced < plain * (1 - TUNE_MARGIN):
+            self.balanced.add(key)
 
     def _pass(self, k_cache, v_cache, query_len: int, contexts: np.ndarray):
         """A timer of one attention pass of ``len(contexts)`` sequences of
         ``query_len`` new tokens over these contexts, on consecutive pool blocks
-        (wrapping): ``run((tile_n, warps, stages), num_splits, split_tiles)`` ->
-        ms (``triton.testing.do_bench``)."""
+        (wrapping): ``run((tile_n, warps, stages), num_splits, balanced)`` -> ms
+        (``triton.testing.do_bench``)."""
         device, block_size = k_cache.device, k_cache.shape[1]
         num_seqs = len(contexts)
         per_seq = -(-contexts // block_size)
@@ -290,12 +316,17 @@ class TritonBackend(AttentionBackend):
             block_q=block_q, scale=1 / math.sqrt(k_cache.shape[3]),
         )  # fmt: skip
 
-        def run(launch: tuple[int, int, int], num_splits: int, split_tiles: int) -> float:
+        def run(launch: tuple[int, int, int], num_splits: int, balanced: bool) -> float:
             tile_n, warps, stages = launch
+            work = None
+            if balanced:
+                items, reduce = balanced_work(np.asarray(contexts, np.int64), tile_n)
+                work = self.kernels.WorkList(torch.from_numpy(items).to(device),
+                                             torch.from_numpy(reduce).to(device), MAX_PARTS)  # fmt: skip
             return self._time(
                 lambda: self.kernels.paged_attention(
                     out, q, k_cache, v_cache, tile_n=tile_n, num_warps=warps, num_stages=stages,
-                    num_splits=num_splits, split_tiles=split_tiles, **fixed,
+                    num_splits=num_splits, work=work, **fixed,
                 )
             )  # fmt: skip
 
@@ -331,7 +362,7 @@ class TritonBackend(AttentionBackend):
             scale=scale,
             num_warps=meta.num_warps,
             num_stages=meta.num_stages,
-            split_tiles=meta.split_tiles,
+            work=meta.work,
         )
         return out
 
@@ -367,13 +398,95 @@ def _int_rows(value: Any, width: int) -> list[tuple[int, ...]] | None:
     return rows
 
 
-def segment_launch(max_model_len: int, tile_n: int) -> tuple[int, int]:
-    """``(num_splits, split_tiles)`` of fixed-length splits for contexts of up to
-    ``max_model_len`` keys over ``tile_n``-key tiles: runs of at least
-    :data:`SEGMENT_TOKENS` keys, at most :data:`MAX_SEGMENTS` of them."""
-    keys = max(SEGMENT_TOKENS, -(-max_model_len // MAX_SEGMENTS))
-    split_tiles = max(1, -(-keys // tile_n))
-    return -(-max_model_len // (split_tiles * tile_n)), split_tiles
+def balanced_work(seq_lens: np.ndarray, tile_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The work list of a decode pass's balanced splits (see the module doc).
+
+    With ``run = max(mean tiles, BALANCE_MIN_KEYS / tile_n, longest /
+    MAX_PARTS)``, each context of more than :data:`BALANCE_SLACK` runs is cut
+    into ``ceil(tiles / run)`` equal runs; the others stay whole (splitting a
+    context a little over the mean costs a partial and a reduce for a short
+    tail). A split context adds fewer than ``tiles / run`` runs beyond its
+    first; if they come to more than :func:`extra_room` (a quarter of the rows),
+    the run grows to ``total tiles / room``, which brings them within it. So the
+    list has a fixed length for a given number of rows whatever the contexts,
+    and a padded batch keeps one launch shape.
+
+    Args:
+        seq_lens: ``[num_seqs]`` context tokens per sequence (0: padding).
+        tile_n: keys per tile of the launch.
+
+    Returns:
+        ``items`` ``[num_seqs + extra_room(num_seqs), 4]`` int64 (query block =
+        sequence, first tile, end tile, partial row; -1: whole context, -2:
+        padding), the split contexts' runs first, then the whole ones, then
+        padding (without a split: :func:`_unsplit_items`'s order); ``reduce``
+        ``[extra_room(num_seqs), 3]`` int64 (token, first partial row, rows) per
+        split sequence, then zeros.
+    """
+    n = len(seq_lens)
+    room = extra_room(n)
+    tiles = (seq_lens + (tile_n - 1)) // tile_n
+    reduce = np.zeros((room, 3), np.int64)
+    if n == 0:
+        return np.zeros((0, 4), np.int64), reduce
+    total, longest = int(tiles.sum()), int(tiles.max())
+    run = max(-(-total // n), -(-BALANCE_MIN_KEYS // tile_n), -(-longest // MAX_PARTS), 1)
+    split = parts = np.zeros(0, np.int64)
+    if longest > BALANCE_SLACK * run:
+        split = np.flatnonzero(tiles > BALANCE_SLACK * run)
+        parts = (tiles[split] + (run - 1)) // run
+        if int(parts.sum()) - len(split) > room:  # longer runs: fewer extra ones
+            run = max(run, -(-total // room))
+            split = np.flatnonzero(tiles > BALANCE_SLACK * run)
+            parts = (tiles[split] + (run - 1)) // run
+    if not len(split):
+        template, rows = _unsplit_items(n)
+        items = template.copy()
+        items[rows, 2] = tiles
+        return items, reduce
+    items = np.zeros((n + room, 4), np.int64)
+    items[:, 3] = -2
+    whole = np.flatnonzero(tiles <= BALANCE_SLACK * run)
+    piece = np.repeat((tiles[split] + parts - 1) // parts, parts)  # equal runs per context
+    first = np.cumsum(parts) - parts
+    k = int(first[-1] + parts[-1])
+    within = np.arange(k)
+    lo = (within - np.repeat(first, parts)) * piece
+    items[:k, 0], items[:k, 1], items[:k, 2], items[:k, 3] = (
+        np.repeat(split, parts),
+        lo,
+        lo + piece,
+        within,
+    )
+    rest = slice(k, k + len(whole))
+    items[rest, 0], items[rest, 2], items[rest, 3] = whole, tiles[whole], -1
+    reduce[: len(split), 0], reduce[: len(split), 1], reduce[: len(split), 2] = split, first, parts
+    return items, reduce
+
+
+def extra_room(num_seqs: int) -> int:
+    """Runs a decode batch's work list holds beyond one per row (and split
+    sequences its reduce holds): a quarter of the rows, rounded up."""
+    return -(-num_seqs // BALANCE_ROWS_PER_EXTRA)
+
+
+@functools.lru_cache(maxsize=64)
+def _unsplit_items(num_seqs: int) -> tuple[np.ndarray, np.ndarray]:
+    """The work list of ``num_seqs`` rows none of which is split (end tiles 0)
+    and the rows' positions in it: a padding item (-2) before every group of
+    :data:`BALANCE_ROWS_PER_EXTRA` rows (-1), so any prefix of ``b +
+    extra_room(b)`` items is the list of the first ``b`` rows (the graph runner
+    slices its all-padding static list per capture size). Read-only."""
+    size = num_seqs + extra_room(num_seqs)
+    position = np.arange(size)
+    group, offset = np.divmod(position, BALANCE_ROWS_PER_EXTRA + 1)
+    items = np.zeros((size, 4), np.int64)
+    rows = offset > 0
+    items[rows, 0] = group[rows] * BALANCE_ROWS_PER_EXTRA + offset[rows] - 1
+    items[:, 3] = np.where(rows, -1, -2)
+    positions = np.flatnonzero(rows)
+    items.flags.writeable = positions.flags.writeable = False
+    return items, positions
 
 
 def query_blocks(query_lens: np.ndarray, block_q: int) -> tuple[np.ndarray, np.ndarray]:

@@ -203,12 +203,12 @@ def runner_facts(runner: ModelRunner, pool: KVPoolSize) -> dict[str, Any]:
     """What a result file records about the runner and its KV pool (flat,
     JSON-ready): how its steps run (:func:`~roseinfer.executor.facts.runner_step_facts`),
     ``cuda_graph_capture_s`` (0 before the warm-up), whether the warm-up's tuning
-    kept fixed-length key splits for large decode batches
-    (``attention_fixed_length_splits``, triton), pass size, where the pool's size
+    kept balanced key splits for large decode batches
+    (``attention_balanced_splits``, triton), pass size, where the pool's size
     came from, and the memory plan's :data:`PLAN_FACTS` on CUDA."""
     facts: dict[str, Any] = {
         **runner_step_facts(runner),
-        "attention_fixed_length_splits": bool(getattr(runner.backend, "segments", None)),
+        "attention_balanced_splits": bool(getattr(runner.backend, "balanced", None)),
         "cuda_graph_capture_s": runner.cuda_graph_capture_s,
         "max_tokens_per_pass": runner.max_tokens_per_pass,
         "kv_pool_source": pool.source,

@@ -144,6 +144,12 @@ def _mixed_seq_rows(max_num_seqs: int, num_tokens: int) -> int:
     return min(num_tokens, max_num_seqs) + 1
 
 
+def _decode_host_fields(backend: Any, num_seqs: int) -> dict[str, np.ndarray]:
+    """The backend's fields of an all-padding decode batch of ``num_seqs`` rows
+    (one query each, no context)."""
+    return backend.host_fields(np.ones(num_seqs, np.int64), 1, np.zeros(num_seqs, np.int64))
+
+
 def _mixed_host_fields(
     backend: Any, rows_of: Callable[[int], int], num_tokens: int
 ) -> dict[str, np.ndarray]:
@@ -278,10 +284,9 @@ class GraphRunner:
         self.block_size, self.num_kv_blocks = block_size, num_kv_blocks
         place = _Place(device, dtype, hidden_size, max_blocks_per_seq)
         sizes = capture_sizes(max_num_seqs)
-        ones = lambda n: np.ones(n, np.int64)  # noqa: E731 - a decode's query lengths
         self.decode = _Family(
             sizes, self._decode_fields(sizes[-1]), sizes[-1], lambda bs: bs,
-            lambda bs: {n: len(a) for n, a in backend.host_fields(ones(bs), 1).items()},
+            lambda bs: {n: len(a) for n, a in _decode_host_fields(backend, bs).items()},
             mixed=False, place=place,
         )  # fmt: skip
         self.mixed: _Family | None = None
@@ -336,7 +341,9 @@ class GraphRunner:
         rows = self.mixed_seq_rows(num_tokens)
         backend = self.backend
 
-        def fields(query_lens: np.ndarray, max_query_len: int) -> dict[str, np.ndarray]:
+        def fields(
+            query_lens: np.ndarray, max_query_len: int, seq_lens: np.ndarray
+        ) -> dict[str, np.ndarray]:
             return backend.graph_host_fields(query_lens, num_tokens, rows)
 
         return fields
@@ -484,7 +491,7 @@ class GraphRunner:
             "query_start_loc": rows,
             "seq_lens": np.zeros(max_bs, np.int64),
             "last_token_indices": rows[:-1].copy(),
-            **self.backend.host_fields(np.ones(max_bs, np.int64), 1),
+            **_decode_host_fields(self.backend, max_bs),
         }
 
     def _mixed_fields(self, max_tokens: int) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .model_runner import SeqInput
 
 PAD_SLOT = -1
-HostFields = Callable[[np.ndarray, int], dict[str, np.ndarray]]
+HostFields = Callable[[np.ndarray, int, np.ndarray], dict[str, np.ndarray]]
 FIELD_ALIGN = 16  # int64 elements: every field starts 128-byte aligned (see the module doc)
 
 
@@ -320,7 +320,8 @@ class InputBatch:
 
         Args:
             seqs: checked runner inputs.
-            host_fields: the backend's extra fields (query lens, max query len -> arrays).
+            host_fields: the backend's extra fields (query lens, max query len, sequence
+                lens -> arrays).
             num_kv_blocks: blocks in the pool (carried for the backends).
             pad_to: pad a decode batch to this many rows (CUDA graphs).
             pad_tokens_to: pad a prefill or mixed pass to this many tokens, plus
@@ -329,7 +330,7 @@ class InputBatch:
         """
         fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, arrays)
         max_query_len = int(host.query_lens.max())
-        extra = host_fields(host.query_lens, max_query_len)
+        extra = host_fields(host.query_lens, max_query_len, host.seq_lens)
         packed = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]
         packed.extend(extra.items())
         views = self._copy(packed)

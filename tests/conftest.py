@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 import weakref
 from collections.abc import Callable
@@ -11,7 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roseinfer.config import SchedulerConfig
+# Triton's interpreter runs the kernels on CPU tensors; it must be chosen before
+# anything imports triton, and a module collected early (a CLI or benchmark test)
+# may import it before the kernel tests' own modules set it.
+if importlib.util.find_spec("torch") is not None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from roseinfer.config import SchedulerConfig  # noqa: E402
 from roseinfer.interface import Budget, PolicyContext, PolicyOptions
 from roseinfer.records import RecordBuilder
 from roseinfer.registry import Registry, load_registry

@@ -175,7 +175,7 @@ def test_a_second_runner_adopts_the_first_ones_launches(tmp_path, monkeypatch):
     assert second.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0
     assert second.attention_tune_source == f"cache {path}"
     assert second.backend.launch == first.backend.launch
-    assert second.backend.segments == first.backend.segments
+    assert second.backend.balanced == first.backend.balanced
     other = runner_for(model, num_kv_blocks=256)  # other limits: another key, timed
     assert other.tune_attention(max_num_seqs=16, max_model_len=128) > 0
     monkeypatch.setenv("ROSEINFER_TUNE_CACHE", "off")

@@ -43,6 +43,22 @@ def test_the_step_table_alone_is_a_quick_a_b():
     assert not any(line.split()[:1] == ["a"] for line in out.splitlines())
 
 
+def test_a_served_workloads_steps_are_saved_as_a_step_log(tmp_path):
+    """``--save-steps DIR``: workload (b)'s steps in rose-run's step-log schema, with
+    the model's shape and the runner's facts, readable by ``load_step_log``."""
+    from roseinfer.calibration.steplog import load_step_log
+
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny-llama", "--device", "cpu", "--small",
+         "--workloads", "b", "--no-hf", "--save-steps", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=SCRIPT.parent, check=True,
+    )  # fmt: skip
+    log = load_step_log(tmp_path / "steps-b-roseinfer-sdpa.jsonl")
+    assert log.header["model"]["spec"]["num_layers"] == 2
+    assert log.header["executor"]["attention_backend"] == "sdpa"
+    assert sum(r.shape.totals().num_tokens for r in log.records) > 0
+
+
 def test_the_floor_is_the_datasheet_form_at_full_efficiency():
     """Before: the floor took the measured h100-sxm with its fitted terms (eager
     launches, KV bandwidth, per-sequence overhead, decode imbalance), so a lone

@@ -70,7 +70,7 @@ def test_host_arrays_pack_a_step_and_pad_decodes():
 def test_input_batch_views_share_one_buffer_and_grow():
     batch_maker = InputBatch(torch.device("cpu"), block_size=4, initial_capacity=8)
     seqs = [SeqInput(list(range(9)), 0, [0, 1, 2])]
-    batch = batch_maker.build(seqs, lambda q, m: {}, num_kv_blocks=4)
+    batch = batch_maker.build(seqs, lambda q, m, s: {}, num_kv_blocks=4)
     assert batch.token_ids.tolist() == list(range(9))
     assert batch.block_tables.tolist() == [[0, 1, 2]]
     base = batch.token_ids.untyped_storage().data_ptr()
@@ -83,7 +83,7 @@ def test_every_field_starts_128_byte_aligned():
     batch_maker = InputBatch(torch.device("cpu"), block_size=4)
     for lengths in ((3,), (5, 1, 7), (1, 1, 1)):
         seqs = [SeqInput(list(range(n)), i, [0, 1, 2]) for i, n in enumerate(lengths)]
-        extra = lambda q, m: {"odd": np.arange(len(q) * 3 + 1)}  # noqa: E731
+        extra = lambda q, m, s: {"odd": np.arange(len(q) * 3 + 1)}  # noqa: E731
         batch = batch_maker.build(seqs, extra, num_kv_blocks=4)
         fields = [*batch.flat_fields().values(), batch.block_tables, *batch.extra.values()]
         base = batch.token_ids.untyped_storage().data_ptr()  # CUDA's allocator: 512-aligned

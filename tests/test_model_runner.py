@@ -568,7 +568,8 @@ def test_host_time_is_recorded_per_forward_when_asked():
 
 def test_the_decode_host_benchmark_times_each_part(tmp_path):
     """``benchmarks/decode_host.py`` at a tiny size: every part of a decode step's
-    host work is timed and positive, here and against a "baseline" python."""
+    host work is timed and positive, here and against a "baseline" python and a
+    side with balanced key splits (8 rows: unsplit by the interpreter's SM rule)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -583,9 +584,9 @@ def test_the_decode_host_benchmark_times_each_part(tmp_path):
     assert set(parts) == {"plan", "inputs", "forward", "rest", "total"}
     assert parts["forward"] > 0 and parts["total"] >= parts["forward"]
     done = subprocess.run(
-        [sys.executable, str(script), "--batch-sizes", "2", "--steps", "2", "--warmup", "1",
-         "--rounds", "1", "--baseline-python", sys.executable],
+        [sys.executable, str(script), "--batch-sizes", "8", "--steps", "2", "--warmup", "1",
+         "--rounds", "1", "--baseline-python", sys.executable, "--balanced", "--skew", "2"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "this/base" in done.stdout
+    assert "this/base" in done.stdout and "bal/this" in done.stdout

@@ -14,6 +14,8 @@ import math
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # before anything imports triton
@@ -24,10 +26,14 @@ from test_model_runner import greedy, hf_greedy, prompts_of, tiny  # noqa: E402
 
 from roseinfer.executor.attn_sdpa import offset_causal_mask, sdpa  # noqa: E402
 from roseinfer.executor.attn_triton import (  # noqa: E402
+    BALANCE_MIN_KEYS,
+    BALANCE_SLACK,
+    MAX_PARTS,
     TUNE_MARGIN,
     TritonBackend,
+    balanced_work,
+    extra_room,
     query_blocks,
-    segment_launch,
     steady_pick,
 )
 from roseinfer.executor.model_runner import ModelRunner, SeqInput  # noqa: E402
@@ -91,9 +97,14 @@ def sdpa_reference(case, scale):
     return out
 
 
-def run_kernel(case, *, block_q, tile_n=16, num_splits=1, split_tiles=0):
+def run_kernel(case, *, block_q, tile_n=16, num_splits=1, balanced=False):
     query_lens = torch.diff(case["query_start_loc"]).cpu().numpy()
     seq, start = query_blocks(query_lens, block_q)
+    work = None
+    if balanced:
+        items, reduce = balanced_work(case["seq_lens"].cpu().numpy(), tile_n)
+        as_dev = lambda a: torch.from_numpy(a).to(DEVICE)  # noqa: E731
+        work = kernels().WorkList(as_dev(items), as_dev(reduce), MAX_PARTS)
     out = torch.full_like(case["q"], float("nan"))
     scale = 1 / math.sqrt(case["q"].shape[-1])
     kernels().paged_attention(
@@ -111,7 +122,7 @@ def run_kernel(case, *, block_q, tile_n=16, num_splits=1, split_tiles=0):
         tile_n=tile_n,
         num_splits=num_splits,
         scale=scale,
-        split_tiles=split_tiles,
+        work=work,
     )
     return out, sdpa_reference(case, scale)
 
@@ -147,19 +158,30 @@ def test_split_kv_decode_matches_and_padding_rows_give_zero(num_splits):
     assert torch.equal(out[3], torch.zeros_like(out[3]))
 
 
-@pytest.mark.parametrize(("split_tiles", "num_splits"), [(1, 3), (2, 2), (1, 5)])
-def test_fixed_length_splits_match_and_short_contexts_take_one(split_tiles, num_splits):
-    """Splits of a fixed run of tiles (a large batch's long contexts): a 40-key
-    context over 16-key tiles takes 3 tiles, so 3 runs of 1 tile or 2 of 2; more
-    splits than any context needs leave programs with no keys, whose partial
-    outputs the reduce never reads (they are not written: the output buffer is
-    NaN there). Padding rows still output 0."""
-    case = paged_case([(1, 17), (1, 3), (1, 40), (1, 0), (1, 16)])
-    out, expected = run_kernel(case, block_q=4, num_splits=num_splits, split_tiles=split_tiles)
+@pytest.mark.parametrize("tile_n", [16, 32])
+def test_balanced_splits_match_and_short_contexts_take_one_program(monkeypatch, tile_n):
+    """Balanced splits (runs of at least 16 keys here): the long contexts are cut
+    into several items, the short ones run whole, and the outputs equal one pass;
+    padding rows (length 0) still output 0, and a NaN-filled output shows that
+    every real row was written once."""
+    from roseinfer.executor import attn_triton
+
+    monkeypatch.setattr(attn_triton, "BALANCE_MIN_KEYS", 16)
+    case = paged_case([(1, 17), (1, 3), (1, 110), (1, 0), (1, 16), (1, 45)], block_size=6)
+    items, _ = balanced_work(case["seq_lens"].numpy(), tile_n)
+    assert (items[:, 3] >= 0).any(), "nothing was split: the case tests nothing"
+    out, expected = run_kernel(case, block_q=4, tile_n=tile_n, balanced=True)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(out[3], torch.zeros_like(out[3]))
-    with pytest.raises(ValueError, match="split_tiles"):
-        run_kernel(case, block_q=4, num_splits=1, split_tiles=2)
+    with pytest.raises(ValueError, match="work list"):
+        kernels().paged_attention(
+            out, case["q"], case["k_cache"], case["v_cache"], block_tables=case["block_tables"],
+            seq_lens=case["seq_lens"], query_start_loc=case["query_start_loc"],
+            q_block_seq=case["seq_lens"], q_block_start=case["seq_lens"], num_q_blocks=6,
+            block_q=4, tile_n=16, num_splits=2, scale=1.0,
+            work=kernels().WorkList(torch.zeros((12, 4), dtype=torch.long),
+                                    torch.zeros((6, 3), dtype=torch.long), MAX_PARTS),
+        )  # fmt: skip
 
 
 def test_float16_matches_sdpa():
@@ -232,49 +254,107 @@ def test_triton_runner_greedy_matches_generate(name):
     assert greedy(runner, prompts, tables, 5) == [hf_greedy(model, p, 5) for p in prompts]
 
 
-def test_fixed_length_split_launches_cover_the_longest_context():
-    assert segment_launch(8192, 32) == (8, 32)  # 1,024 keys a split
-    assert segment_launch(8192, 128) == (8, 8)
-    assert segment_launch(131072, 64) == (32, 64)  # 32 splits at most: runs of 4,096 keys
-    assert segment_launch(1000, 32) == (1, 32)  # one split: nothing to keep
-    for max_len, tile in ((5000, 64), (70000, 32)):
-        splits, tiles = segment_launch(max_len, tile)
-        assert splits * tiles * tile >= max_len > (splits - 1) * tiles * tile
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 9000), min_size=1, max_size=300)
+    | st.lists(st.sampled_from([0, 1, 5000, 9000]), min_size=1, max_size=40),
+    st.sampled_from([16, 32, 64, 128]),
+)
+def test_balanced_work_covers_every_tile_once_within_its_fixed_room(seq_lens, tile_n):
+    """Whatever the contexts: the list has its fixed length (rows + a quarter),
+    each context's tiles are covered exactly once in order, a split context has
+    2..MAX_PARTS equal runs listed first with consecutive partial rows that its
+    reduce entry names, contexts within the slack of the run stay whole, and no
+    run is longer than the batch's mean (or the minimum run) unless the room ran
+    out; without a split, any prefix of b + extra_room(b) items lists rows 0..b-1."""
+    import numpy as np
+
+    lens = np.asarray(seq_lens, np.int64)
+    n = len(lens)
+    room = extra_room(n)
+    items, reduce = balanced_work(lens, tile_n)
+    assert items.shape == (n + room, 4) and reduce.shape == (room, 3)
+    tiles = -(-lens // tile_n)
+    real = items[items[:, 3] != -2]
+    split = real[real[:, 3] >= 0]
+    if len(split):
+        assert (items[len(real) :, 3] == -2).all()  # padding items last
+        assert (real[: len(split), 3] >= 0).all()  # split runs first
+        assert split[:, 3].tolist() == list(range(len(split)))
+    else:
+        for b in range(1, n + 1):
+            prefix = items[: b + extra_room(b)]
+            assert sorted(prefix[prefix[:, 3] == -1, 0].tolist()) == list(range(b))
+    run = max(-(-int(tiles.sum()) // n), -(-BALANCE_MIN_KEYS // tile_n),
+              -(-int(tiles.max()) // MAX_PARTS), 1)  # fmt: skip
+    entries = reduce[reduce[:, 2] > 0]
+    for seq in range(n):
+        mine = real[real[:, 0] == seq]
+        covered = [t for lo, hi in mine[:, 1:3] for t in range(lo, min(hi, tiles[seq]))]
+        assert covered == list(range(tiles[seq])), seq
+        if len(mine) > 1:
+            assert len(mine) <= MAX_PARTS and tiles[seq] > BALANCE_SLACK * run
+            lengths = np.minimum(mine[:, 2], tiles[seq]) - mine[:, 1]
+            assert lengths.max() - lengths.min() <= len(mine)  # equal runs
+            (entry,) = entries[entries[:, 0] == seq]
+            assert entry[1] == mine[0, 3] and entry[2] == len(mine)
+        else:
+            assert mine[0, 3] == -1 and seq not in entries[:, 0]
+    roomy = int(np.sum(np.maximum(0, -(-tiles // run) - 1)[tiles > BALANCE_SLACK * run])) <= room
+    if roomy:  # the mean's run fit: every context over the slack is split into runs of it
+        assert all(
+            len(real[real[:, 0] == s]) > 1 for s in np.flatnonzero(tiles > BALANCE_SLACK * run)
+        )
 
 
-def test_fixed_length_splits_in_the_runner_keep_greedy_tokens():
-    """A decode launch the warm-up gave fixed-length splits (forced here: the
-    interpreter has no speed to tune) runs them, and decodes transformers' greedy
-    tokens over contexts of 1, 2 and 3 splits."""
-    model = tiny("tiny-llama").to(DEVICE)
-    prompts = prompts_of(35, 20, 6, seed=3)
-    tables = [list(range(i * 12, i * 12 + 12)) for i in range(3)]
-    runner = triton_runner(model)
-    backend = runner.backend
-    key = (backend.block_q(1), backend.num_splits(3, 1))
-    backend.launch[key] = (16, 4, 3)
-    backend.segments[key] = (3, 1)  # runs of one 16-key tile: contexts up to 48
-    metas, build = [], backend.build_metadata
-    backend.build_metadata = lambda batch: metas.append(build(batch)) or metas[-1]
-    assert greedy(runner, prompts, tables, 5) == [hf_greedy(model, p, 5) for p in prompts]
-    assert [(m.num_splits, m.split_tiles) for m in metas[1:]] == [(3, 1)] * 4  # the decodes
-    assert metas[0].split_tiles == 0  # the prefill: one program per query block
-
-
-def test_the_warm_up_keeps_fixed_length_splits_only_when_they_win(monkeypatch):
-    """The warm-up's choice for an unsplit decode launch: it times the plain and the
-    split launch on a uniform and a skewed pass (run here, in the interpreter, with
-    scripted times) and keeps the splits only if they win both together by the
-    margin."""
+def test_balanced_splits_in_the_runner_keep_greedy_tokens(monkeypatch):
+    """A decode launch the warm-up kept balanced splits for (forced here: the
+    interpreter has no speed to tune) runs them, eagerly and through the graph
+    path's static buffers (a padded batch), and decodes transformers' greedy
+    tokens over contexts that are and are not split."""
     from roseinfer.executor import attn_triton
 
-    monkeypatch.setattr(attn_triton, "SEGMENT_TOKENS", 16)  # 64-token contexts: 4 splits
+    monkeypatch.setattr(attn_triton, "BALANCE_MIN_KEYS", 16)
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts = prompts_of(85, 2, 3, 4, 2, seed=3)  # 6 tiles of 16 keys against 1s
+    tables = [list(range(24)), *(list(range(24 + 8 * i, 32 + 8 * i)) for i in range(4))]
+    expected = [hf_greedy(model, p, 5) for p in prompts]
+    for graphs in (False, True):
+        runner = triton_runner(model)
+        backend = runner.backend
+        backend.num_sms = 1  # so 5 and 8 rows do not split keys by the SM rule
+        for rows in (5, 8):  # eager: 5 rows; the graph path pads to 8
+            backend.launch[(backend.block_q(1), backend.num_splits(rows, 1))] = (16, 4, 3)
+            backend.balanced.add((backend.block_q(1), backend.num_splits(rows, 1)))
+        if graphs:
+            runner.capture_cuda_graphs(max_num_seqs=8, max_model_len=96)
+        metas, build = [], backend.build_metadata
+        backend.build_metadata = lambda batch, build=build, metas=metas: (
+            metas.append(build(batch)) or metas[-1]
+        )
+        assert greedy(runner, prompts, tables, 5) == expected, graphs
+        assert metas[0].work is None  # the prefill: one program per query block
+        # with graphs, the captured size's launch reads the static buffers
+        decodes = [runner.graphs.decode.captured[8].meta] if graphs else metas[1:]
+        assert len(decodes) == (1 if graphs else 4) and all(m.work is not None for m in decodes)
+        assert all((m.work.items[:, 3] >= 0).any() for m in decodes), "nothing was split"
+        assert {m.work.items.shape[0] for m in decodes} == {8 + 2 if graphs else 5 + 2}
+
+
+def test_the_warm_up_keeps_balanced_splits_only_when_they_win(monkeypatch):
+    """The warm-up's choice for an unsplit decode launch: it times the plain and the
+    balanced launch on a uniform and a skewed pass (run here, in the interpreter,
+    with scripted times) and keeps the balanced one only if it wins both together
+    by the margin."""
+    from roseinfer.executor import attn_triton
+
+    monkeypatch.setattr(attn_triton, "BALANCE_MIN_KEYS", 16)
     runner = triton_runner(tiny("tiny-llama").to(DEVICE))
     backend = runner.backend
     key = (backend.block_q(1), 1)
     backend.launch[key] = (16, 4, 3)
     caches = (runner.k_cache(0), runner.v_cache(0))
-    # plain then split, on the uniform pass then on the skewed one
+    # plain then balanced, on the uniform pass then on the skewed one
     for script, kept in (
         ([10, 7, 20, 11], True),
         ([10, 9, 10, 10.9], False),
@@ -282,13 +362,16 @@ def test_the_warm_up_keeps_fixed_length_splits_only_when_they_win(monkeypatch):
     ):
         times, ran = iter(script), []
         backend.timer = lambda launch, times=times, ran=ran: (ran.append(launch()), next(times))[1]
-        backend.segments.clear()
-        backend._choose_segments(*caches, key, num_seqs=8, context=16, max_model_len=64)
-        assert len(ran) == 4 and (key in backend.segments) == kept, script
-    assert backend.segments == {} and segment_launch(64, 16) == (4, 1)
+        backend.balanced.clear()
+        backend._choose_balanced(*caches, key, num_seqs=8, context=16, max_model_len=64)
+        assert len(ran) == 4 and (key in backend.balanced) == kept, script
+    backend.balanced.clear()
     backend.timer = lambda launch: (launch(), 10.0)[1]
-    backend._choose_segments(*caches, key, num_seqs=8, context=16, max_model_len=16)
-    assert backend.segments == {}  # one split covers every context: nothing timed, none kept
+    backend._choose_balanced(*caches, key, num_seqs=8, context=16, max_model_len=16)
+    assert backend.balanced == set()  # no context longer than the others: nothing timed
+    backend.balanced_splits = False
+    backend._choose_balanced(*caches, key, num_seqs=8, context=16, max_model_len=64)
+    assert backend.balanced == set()  # the A/B's other side never keeps them
     times = iter([3.0, 1.0, 2.0, 4.0])  # the decode candidates, in order: the second wins
     backend.timer = lambda launch: (launch(), next(times))[1]
     assert backend._fastest(*caches, num_seqs=2, query_len=1, context=16) == (64, 4, 3)
@@ -329,19 +412,21 @@ def build(fn, types, consts):
 
 ptr = {n: "*bf16" for n in ("out_ptr", "q_ptr", "k_cache_ptr", "v_cache_ptr", "k_ptr", "v_ptr")}
 ptr.update({n: "*i64" for n in ("block_tables_ptr", "seq_lens_ptr", "query_start_ptr",
-                                "q_block_seq_ptr", "q_block_start_ptr", "slot_ptr")})
+                                "q_block_seq_ptr", "q_block_start_ptr", "slot_ptr",
+                                "work_items_ptr", "work_reduce_ptr")})
 ptr.update({n: "*fp32" for n in ("part_out_ptr", "part_max_ptr", "part_sum_ptr")})
 ptr["qk_scale"] = "fp32"
-for block_q, tile, splits, split_tiles in ((4, 32, 1, 0), (4, 32, 8, 0), (4, 64, 8, 16),
-                                           (16, 64, 1, 0)):
+for block_q, tile, splits, work in ((4, 32, 1, False), (4, 32, 8, False), (4, 64, 1, True),
+                                   (16, 64, 1, False)):
     build(tk._paged_attention_kernel, ptr, dict(
         BLOCK_SIZE=16, NUM_GROUPS=4, GROUPS_P=4, BLOCK_Q=block_q, HEAD_DIM=128,
-        HEAD_DIM_P=128, TILE_N=tile, NUM_SPLITS=splits, SPLIT_TILES=split_tiles,
+        HEAD_DIM_P=128, TILE_N=tile, NUM_SPLITS=splits, WORK_LIST=work,
         DOT_PRECISION="tf32"))
 build(tk._store_kv_kernel, ptr, dict(BLOCK_SIZE=16, NUM_KV_HEADS=8, HEAD_DIM=128, HEADS_P=8,
                                      HEAD_DIM_P=128))
-build(tk._split_kv_reduce_kernel, ptr, dict(NUM_SPLITS=8, SPLITS_P=8, HEAD_DIM=128,
-                                            HEAD_DIM_P=128))
+for work in (False, True):
+    build(tk._split_kv_reduce_kernel, ptr, dict(NUM_SPLITS=8, SPLITS_P=8, HEAD_DIM=128,
+                                                HEAD_DIM_P=128, WORK_LIST=work))
 print("compiled")
 """
 
@@ -351,7 +436,8 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     """Triton compiles the kernels to sm_90 code (bf16, Llama-3.1-8B's heads: the
     decode, split-KV and prefill variants, the store and the reduce) with its
     bundled ptxas: what the interpreter cannot check (constexpr globals, dot
-    shapes, types). In a fresh process without the interpreter."""
+    shapes, types; the balanced work list's branches). In a fresh process without
+    the interpreter."""
     import subprocess
     import sys
 

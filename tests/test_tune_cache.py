@@ -67,19 +67,20 @@ def test_the_triton_backend_gives_and_takes_its_launches():
     tuned = TritonBackend(32, 8, device)
     assert tuned.tuned_launches() == {}  # nothing tuned yet
     tuned.launch = {(4, 1): (64, 4, 3), (4, 2): (32, 4, 2), (16, 1): (64, 8, 3)}
-    tuned.segments = {(4, 1): (4, 16)}
+    tuned.balanced = {(4, 1)}
     doc = json.loads(json.dumps(tuned.tuned_launches()))  # through a file's JSON
     fresh = TritonBackend(32, 8, device)
     assert fresh.adopt_launches(doc)
-    assert fresh.launch == tuned.launch and fresh.segments == tuned.segments
+    assert fresh.launch == tuned.launch and fresh.balanced == tuned.balanced
     assert fresh.tune_facts()["num_sms"] == tuned.num_sms
-    for bad in ({}, {"launch": []}, {"launch": [[4, 1, 64, 4]], "segments": []},
-                {"launch": [[4, 1, 64, 4, True]], "segments": []},
-                {"launch": [[4, 1, 64, 4, 3]], "segments": [[4, 1, "x", 16]]},
+    for bad in ({}, {"launch": []}, {"launch": [[4, 1, 64, 4]], "balanced": []},
+                {"launch": [[4, 1, 64, 4, True]], "balanced": []},
+                {"launch": [[4, 1, 64, 4, 3]], "balanced": [[4, "x"]]},
+                {"launch": [[4, 1, 64, 4, 3]], "segments": [[4, 1, 4, 16]]},
                 {"launch": [[4, 1, 64, 4, 3]]}):  # fmt: skip
         other = TritonBackend(32, 8, device)
         assert not other.adopt_launches(bad), bad
-        assert other.launch == {} and other.segments == {}
+        assert other.launch == {} and other.balanced == set()
 
 
 class _Tuner:
@@ -92,7 +93,7 @@ class _Tuner:
 
     def tune(self, k_cache, v_cache, **limits) -> float:
         self.timed += 1
-        self.launches = {"launch": [[4, 1, self.choice, 4, 3]], "segments": []}
+        self.launches = {"launch": [[4, 1, self.choice, 4, 3]], "balanced": []}
         return 0.25
 
     def tune_facts(self):
@@ -130,7 +131,7 @@ def test_the_runner_tunes_once_per_key_and_later_runners_adopt(tmp_path, monkeyp
     second = runner(32)  # would choose otherwise if it timed
     assert second.tune_attention(max_num_seqs=8, max_model_len=128) == 0.0
     assert second.backend.timed == 0 and second.attention_tune_source == f"cache {path}"
-    assert second.backend.tuned_launches() == {"launch": [[4, 1, 64, 4, 3]], "segments": []}
+    assert second.backend.tuned_launches() == {"launch": [[4, 1, 64, 4, 3]], "balanced": []}
     other = runner(32)
     assert other.tune_attention(max_num_seqs=16, max_model_len=128) == 0.25  # another key
     assert len(json.loads(path.read_text())) == 2

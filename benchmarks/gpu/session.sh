@@ -19,6 +19,9 @@
 # STAGES="decode-ab flip-full check19-parts" (carry .base, made by decode_ab.sh prepare): this
 # tree's and a baseline's step tables on one lease, then check 19's parts with FULL as the default
 # (the copy on the device is edited; nothing comes back but the results).
+# STAGES="tests balanced": the CUDA tests (balanced key splits compiled), then gpu_throughput.py's
+# workload (b) and step table with the warm-up free to keep balanced splits and with them ruled
+# out (triton:nosplit), one process each (about 4-5 minutes).
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
 set -uo pipefail
@@ -69,6 +72,9 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
           --save-result '$work/run-$s.json' > '$work/$s.txt' 2>&1; tail -8 '$work/$s.txt'" ;;
       jitter) stage jitter 150 python3 benchmarks/gpu/eager_jitter.py --output "$work/eager-jitter.json" ;;
       adopts) stage adopts 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k adopts ;;
+      balanced) stage balanced-ab 300 sh -c "cd benchmarks && for b in triton triton:nosplit; do \
+          f=$work/balanced-\${b#*:}.txt; python3 gpu_throughput.py --backends \$b --no-hf --save-steps $work \
+          --workloads b > \$f 2>&1; tail -14 \$f; done" ;;
       decode-ab) stage decode-ab 240 env OUT="$work/decode-ab" bash benchmarks/gpu/decode_ab.sh run ;;
       flip-full)  # this copy only: later stages run with --cudagraph-mode FULL as the default
         sed -i 's/^DEFAULT_CUDAGRAPH_MODE = .*/DEFAULT_CUDAGRAPH_MODE = "FULL"/' calibration/graph_replay.py
