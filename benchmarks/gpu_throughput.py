@@ -88,7 +88,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--backends",
         help="comma-separated; NAME:eager runs NAME with --enforce-eager, triton:nosplit "
-        "without balanced key splits, triton:full with --cudagraph-mode FULL (small "
+        "without balanced key splits, triton:unified with a mixed pass's decodes in its one "
+        "launch, triton:full with --cudagraph-mode FULL (small "
         "prefill and mixed passes replayed too) (default: triton,triton:eager,sdpa on CUDA; "
         "sdpa on CPU)",
     )
@@ -246,6 +247,8 @@ def make_runner(
     runner = built.runner
     if mode == "nosplit":  # the warm-up never keeps balanced splits (an A/B of them)
         runner.backend.balanced_splits = False
+    if mode == "unified":  # a mixed pass's decodes never launch apart (an A/B of that)
+        runner.backend.separate_decodes = False
     builder.warm_up(runner, built.config)
     plan = built.pool.plan
     note = (
@@ -262,12 +265,14 @@ def make_runner(
 
 def system_name(runner: ModelRunner) -> str:
     """``roseinfer-<backend>``, with ``-eager`` when it captures no CUDA graph,
-    ``-nosplit`` when balanced key splits were ruled out and ``-full`` when
+    ``-nosplit`` when balanced key splits were ruled out, ``-unified`` when a mixed
+    pass's decodes never launch apart, and ``-full`` when
     prefill and mixed passes replay graphs too."""
     eager = "-eager" if runner.enforce_eager and runner.device.type == "cuda" else ""
     nosplit = "" if getattr(runner.backend, "balanced_splits", True) else "-nosplit"
+    unified = "" if getattr(runner.backend, "separate_decodes", True) else "-unified"
     full = "-full" if runner.mixed_graph_max_tokens else ""
-    return f"roseinfer-{runner.attention_backend}{eager}{nosplit}{full}"
+    return f"roseinfer-{runner.attention_backend}{eager}{nosplit}{unified}{full}"
 
 
 def run_engine(runner: ModelRunner, args, reqs: list[Request], max_model_len: int):

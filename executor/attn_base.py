@@ -30,6 +30,14 @@ if TYPE_CHECKING:
     from .input_batch import StepBatch
 
 
+LARGE_MIXED_TOKENS = 2048
+"""Prefill tokens of a mixed pass large enough that a backend may launch its
+decodes apart (the ``triton`` backend does, from :data:`LARGE_MIXED_DECODES`
+decodes on); the warm-up runs one such pass, so that launch is compiled before
+a run's clock starts."""
+LARGE_MIXED_DECODES = 16
+
+
 class AttentionBackend:
     """One way to attend over the paged KV cache (see the module doc).
 

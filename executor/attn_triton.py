@@ -39,6 +39,17 @@ chooses the launch shape from host integers only (no device read):
   balanced, and keeps the balanced launch only if it wins over both passes
   together by :data:`TUNE_MARGIN`.
 
+* decodes of a large mixed pass: the pass's query blocks have the prefill's
+  ``block_q`` (128 rows for a long prefill), so a decode row in it (one query,
+  4 rows with 4 query heads per KV head) would multiply 128-row tiles of which
+  124 are padding: with 256 decodes of 1,024 tokens beside a long chunk, some
+  130 GFLOP a layer of padding (6 ms a step at 700 TFLOP/s). An eager
+  pass of at least :data:`SEPARATE_DECODES_MIN_TOKENS` prefill tokens and
+  :data:`SEPARATE_DECODES_MIN_ROWS` decodes therefore launches its decode rows
+  apart, at the decode shape (one more launch a layer, on a pass whose GPU time
+  is far longer than its launches). ``separate_decodes = False`` turns it off
+  (an A/B).
+
 Every launch parameter is a function of the pass's shape, so a padded decode
 batch has one fixed launch: the backend supports CUDA graphs.
 """
@@ -55,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .attn_base import AttentionBackend, pow2_at_least
+from .attn_base import LARGE_MIXED_DECODES, LARGE_MIXED_TOKENS, AttentionBackend, pow2_at_least
 from .graph_runner import DEFAULT_CAPTURE_LIMIT, MIXED_QUERY_LEN, capture_sizes, padded_size
 from .input_batch import StepBatch
 
@@ -78,6 +89,8 @@ MAX_PARTS = 16  # runs of one context at most (longer runs past that)
 BALANCE_SLACK = 1.5  # a context is split when longer than this many runs
 BALANCE_ROWS_PER_EXTRA = 4  # the work list has room for one extra run per this many rows
 SKEW_FACTOR = 4  # the tuning's skewed decode: one context this many times the others
+SEPARATE_DECODES_MIN_TOKENS = LARGE_MIXED_TOKENS  # prefill tokens: decodes launch apart
+SEPARATE_DECODES_MIN_ROWS = LARGE_MIXED_DECODES  # from this many decodes on
 INTERPRETER_NUM_SMS = 4  # what the CPU interpreter pretends to have (exercises split-KV)
 _SPLIT_GRID = capture_sizes(DEFAULT_CAPTURE_LIMIT)
 
@@ -90,6 +103,9 @@ class TritonMetadata:
         q_block_seq, q_block_start: ``[num_q_blocks]`` int64 (see :func:`query_blocks`).
         block_q, tile_n, num_splits, num_warps, num_stages: see the module doc.
         work: the balanced splits of a decode pass (None: none).
+        decode_blocks: a mixed pass's decode rows launched apart: their sequences
+            and query starts (zeros), with ``decode_launch`` = ``(block_q, tile_n,
+            num_warps, num_stages)`` (None: one launch for the pass).
     """
 
     q_block_seq: torch.Tensor
@@ -100,6 +116,8 @@ class TritonMetadata:
     num_warps: int = 4
     num_stages: int = 3
     work: WorkList | None = None
+    decode_blocks: tuple[torch.Tensor, torch.Tensor] | None = None
+    decode_launch: tuple[int, int, int, int] = (1, DECODE_TILE, 4, 3)
 
 
 class TritonBackend(AttentionBackend):
@@ -139,6 +157,7 @@ class TritonBackend(AttentionBackend):
         # interpreter's launches with a script of their own)
         self.timer: Any = None
         self.balanced_splits = True  # False: tune() never keeps them (an A/B)
+        self.separate_decodes = True  # False: a mixed pass is always one launch (an A/B)
         self.groups_p = pow2_at_least(num_heads // num_kv_heads)
         self.cuda = device.type == "cuda"
         self.num_sms = (
@@ -170,6 +189,8 @@ class TritonBackend(AttentionBackend):
         self, query_lens: np.ndarray, max_query_len: int, seq_lens: np.ndarray
     ) -> dict[str, np.ndarray]:
         block_q = self.block_q(max_query_len)
+        if max_query_len > 1:
+            return self._prefill_fields(query_lens, block_q)
         seq, start = query_blocks(query_lens, block_q)
         fields = {"q_block_seq": seq, "q_block_start": start}
         key = (block_q, self.num_splits(len(query_lens), max_query_len))
@@ -178,6 +199,26 @@ class TritonBackend(AttentionBackend):
             items, reduce = balanced_work(seq_lens, tile_n)
             fields["work_items"], fields["work_reduce"] = items.ravel(), reduce.ravel()
         return fields
+
+    def _prefill_fields(self, query_lens: np.ndarray, block_q: int) -> dict[str, np.ndarray]:
+        """The query blocks of a prefill or mixed pass (eager): with the decodes
+        apart when the pass is large enough (see the module doc)."""
+        decodes = np.flatnonzero(query_lens == 1)
+        if not (
+            self.separate_decodes
+            and len(decodes) >= SEPARATE_DECODES_MIN_ROWS
+            and int(query_lens.sum()) - len(decodes) >= SEPARATE_DECODES_MIN_TOKENS
+        ):
+            seq, start = query_blocks(query_lens, block_q)
+            return {"q_block_seq": seq, "q_block_start": start}
+        prefills = np.flatnonzero(query_lens > 1)
+        seq, start = query_blocks(query_lens[prefills], block_q)
+        return {
+            "q_block_seq": prefills[seq],
+            "q_block_start": start,
+            "decode_block_seq": decodes,
+            "decode_block_start": np.zeros(len(decodes), np.int64),
+        }
 
     def graph_host_fields(
         self, query_lens: np.ndarray, num_tokens: int, num_seqs: int
@@ -209,12 +250,19 @@ class TritonBackend(AttentionBackend):
             work = self.kernels.WorkList(
                 items.view(-1, 4), batch.extra["work_reduce"].view(-1, 3), MAX_PARTS
             )
-        return TritonMetadata(
+        meta = TritonMetadata(
             q_block_seq=batch.extra["q_block_seq"],
             q_block_start=batch.extra["q_block_start"],
             block_q=block_q, tile_n=tile_n, num_splits=splits, num_warps=warps,
             num_stages=stages, work=work,
         )  # fmt: skip
+        decodes = batch.extra.get("decode_block_seq")
+        if decodes is not None:
+            decode_q = self.block_q(1)
+            launch = self.launch.get((decode_q, 1), (DECODE_TILE, 4, 3))
+            meta.decode_blocks = (decodes, batch.extra["decode_block_start"])
+            meta.decode_launch = (decode_q, *launch)
+        return meta
 
     def tune(self, k_cache, v_cache, *, max_num_seqs, max_model_len, max_pass_tokens) -> float:
         if not self.cuda:
@@ -345,25 +393,25 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta: Any, batch: StepBatch, scale: float):
         out = torch.empty_like(q)
-        self.kernels.paged_attention(
-            out,
-            q,
-            k_cache,
-            v_cache,
-            block_tables=batch.block_tables,
-            seq_lens=batch.seq_lens,
-            query_start_loc=batch.query_start_loc,
-            q_block_seq=meta.q_block_seq,
-            q_block_start=meta.q_block_start,
-            num_q_blocks=meta.q_block_seq.shape[0],
-            block_q=meta.block_q,
-            tile_n=meta.tile_n,
-            num_splits=meta.num_splits,
-            scale=scale,
-            num_warps=meta.num_warps,
-            num_stages=meta.num_stages,
+        paged = functools.partial(
+            self.kernels.paged_attention, out, q, k_cache, v_cache,
+            block_tables=batch.block_tables, seq_lens=batch.seq_lens,
+            query_start_loc=batch.query_start_loc, scale=scale,
+        )  # fmt: skip
+        paged(
+            q_block_seq=meta.q_block_seq, q_block_start=meta.q_block_start,
+            num_q_blocks=meta.q_block_seq.shape[0], block_q=meta.block_q, tile_n=meta.tile_n,
+            num_splits=meta.num_splits, num_warps=meta.num_warps, num_stages=meta.num_stages,
             work=meta.work,
-        )
+        )  # fmt: skip
+        if meta.decode_blocks is not None:  # a mixed pass's decodes, at the decode shape
+            seqs, starts = meta.decode_blocks
+            block_q, tile_n, warps, stages = meta.decode_launch
+            paged(
+                q_block_seq=seqs, q_block_start=starts, num_q_blocks=seqs.shape[0],
+                block_q=block_q, tile_n=tile_n, num_splits=1, num_warps=warps,
+                num_stages=stages,
+            )  # fmt: skip
         return out
 
 

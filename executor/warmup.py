@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from roseinfer.config import SchedulerConfig
+from roseinfer.executor.attn_base import LARGE_MIXED_DECODES, LARGE_MIXED_TOKENS
 from roseinfer.executor.engine import synchronize
 from roseinfer.executor.model_runner import ModelRunner, SeqInput
 
@@ -42,7 +43,7 @@ class WarmupStep:
 
     Attributes:
         name: ``cuda-graphs``, ``prefill``, ``prefill-batch``, ``decode``,
-            ``decode-1`` or ``mixed``.
+            ``decode-1``, ``mixed`` or ``mixed-large``.
         num_seqs: sequences in the step (``cuda-graphs``: sizes captured);
             num_tokens: tokens it computed.
         times_s: seconds of each round (the first pays the one-time costs).
@@ -67,7 +68,11 @@ def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, list[tuple[int, in
     * ``decode``: ``max_num_seqs`` decodes at the longest context that fits
       (the largest decode batch and its context gather);
     * ``decode-1``: one decode; ``mixed``: a prompt chunk of at most 256 tokens
-      beside a few decodes.
+      beside a few decodes;
+    * ``mixed-large``: when the limits allow one, a chunk of
+      :data:`~roseinfer.executor.attn_base.LARGE_MIXED_TOKENS` beside
+      ``LARGE_MIXED_DECODES`` decodes (a pass whose decodes the ``triton``
+      backend launches apart: that launch compiles here, not in a timed step).
     """
     capacity = config.num_kv_blocks * config.block_size
     max_len = min(config.max_model_len, capacity)
@@ -80,12 +85,20 @@ def warmup_shapes(config: SchedulerConfig) -> list[tuple[str, list[tuple[int, in
     shapes = [("prefill", [(prompt, prompt)])]
     if budget // prompt > 1:
         shapes.append(("prefill-batch", [(prompt, prompt)] * (budget // prompt)))
-    return [
-        *shapes,
+    shapes += [
         ("decode", [(1, decode_ctx)] * num_decodes),
         ("decode-1", [(1, decode_ctx)]),
         ("mixed", [(chunk, chunk), *[(1, decode_ctx)] * few]),
     ]
+    large, rows = LARGE_MIXED_TOKENS, LARGE_MIXED_DECODES
+    if (
+        large <= max_len
+        and large + rows <= budget
+        and rows < config.max_num_seqs
+        and large + rows * decode_ctx <= capacity
+    ):
+        shapes.append(("mixed-large", [(large, large), *[(1, decode_ctx)] * rows]))
+    return shapes
 
 
 def warm_up(
@@ -100,7 +113,8 @@ def warm_up(
         rounds: runs per shape (>= 1).
 
     Returns:
-        One :class:`WarmupStep` per shape, with the seconds of each round; first,
+        One :class:`WarmupStep` per shape (``mixed-large`` on CUDA only), with the
+        seconds of each round; first,
         when graphs were captured, ``cuda-graphs`` (its sizes, the capture seconds).
     """
     steps = []
@@ -110,6 +124,8 @@ def warm_up(
         num_sizes = len(runner.graphs.sizes) if runner.graphs is not None else 0
         steps.append(WarmupStep("cuda-graphs", num_sizes, 0, (capture_s,)))
     for name, seqs in warmup_shapes(config):
+        if name == "mixed-large" and runner.device.type != "cuda":
+            continue  # only a GPU launches such a pass's decodes apart
         inputs = scratch_inputs(seqs, runner.block_size, runner.num_kv_blocks, runner.vocab_size)
         times = tuple(_timed_step(runner, inputs) for _ in range(rounds))
         steps.append(WarmupStep(name, len(seqs), sum(n for n, _ in seqs), times))

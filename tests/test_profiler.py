@@ -77,6 +77,16 @@ def test_warmup_shapes_fit_the_pool():
     )  # fmt: skip
     batch = dict(warmup_shapes(limited))["prefill-batch"]
     assert batch == [(50, 50)] * 3
+    # limits that hold a 2,048-token chunk beside 16 decodes: the large mixed pass
+    # (whose decodes the triton backend launches apart) is warmed too
+    large = SchedulerConfig(
+        num_kv_blocks=4096, block_size=16, max_num_seqs=256, max_model_len=4096,
+        max_num_batched_tokens=8192, enable_chunked_prefill=True,
+    )  # fmt: skip
+    shapes = dict(warmup_shapes(large))
+    assert shapes["mixed-large"][0] == (2048, 2048) and len(shapes["mixed-large"]) == 17
+    assert all(n == 1 for n, _ in shapes["mixed-large"][1:])
+    assert sum(c for _, c in shapes["mixed-large"]) <= 4096 * 16
 
 
 def tiny_requests(vocab: int, n: int = 6) -> list[Request]:

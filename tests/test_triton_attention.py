@@ -399,6 +399,44 @@ def test_triton_equals_sdpa_on_a_mixed_step_with_passes():
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("separate", [True, False])
+def test_a_large_mixed_pass_launches_its_decodes_apart_with_the_same_logits(monkeypatch, separate):
+    """A prompt chunk over a cached prefix beside decodes (thresholds lowered to
+    this size): the decode rows run in a launch of their own at the decode
+    shape, and the logits equal SDPA's; with ``separate_decodes`` off, one
+    launch, the same logits."""
+    from roseinfer.executor import attn_triton
+
+    monkeypatch.setattr(attn_triton, "SEPARATE_DECODES_MIN_TOKENS", 8)
+    monkeypatch.setattr(attn_triton, "SEPARATE_DECODES_MIN_ROWS", 2)
+    model = tiny("tiny-llama").to(DEVICE)
+    prompts = prompts_of(17, 7, 9, 4, seed=8)
+    tables = [list(range(i * 8, i * 8 + 8)) for i in range(4)]
+    runner = triton_runner(model)
+    runner.backend.separate_decodes = separate
+    sdpa_runner = ModelRunner(model, num_kv_blocks=64, block_size=4, device=DEVICE,
+                              dtype=torch.float32, attention_backend="sdpa")  # fmt: skip
+    metas, build = [], runner.backend.build_metadata
+    runner.backend.build_metadata = lambda batch: metas.append(build(batch)) or metas[-1]
+    logits = []
+    for r in (runner, sdpa_runner):
+        r.forward([SeqInput(p[:4] if i == 0 else p, 0, t)
+                   for i, (p, t) in enumerate(zip(prompts, tables))])  # fmt: skip
+        step = [SeqInput(prompts[0][4:], 4, tables[0])]  # a 13-token chunk over 4 cached
+        step += [
+            SeqInput([5 + i], len(p), t) for i, (p, t) in enumerate(zip(prompts[1:], tables[1:]))
+        ]
+        logits.append(r.forward(step))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    mixed = metas[-1]
+    assert (mixed.decode_blocks is not None) == separate
+    if separate:
+        assert mixed.decode_blocks[0].tolist() == [1, 2, 3]  # the decode rows
+        assert mixed.q_block_seq.tolist() == [0] * len(mixed.q_block_seq)  # the chunk's blocks
+        assert mixed.decode_launch[0] == runner.backend.block_q(1)
+    assert metas[0].decode_blocks is None  # the prefills: no decode row
+
+
 COMPILE_FOR_H100 = """
 import triton
 from triton.backends.compiler import GPUTarget

@@ -21,7 +21,8 @@
 # (the copy on the device is edited; nothing comes back but the results).
 # STAGES="tests balanced": the CUDA tests (balanced key splits compiled), then gpu_throughput.py's
 # workload (b) and step table with the warm-up free to keep balanced splits and with them ruled
-# out (triton:nosplit), one process each (about 4-5 minutes).
+# out (triton:nosplit), one process each (about 4-5 minutes); "unified" adds (b) with a mixed
+# pass's decodes in its one launch, as before 2026-11-27 (triton:unified, about 2.5 minutes).
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
 set -uo pipefail
@@ -75,6 +76,9 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
       balanced) stage balanced-ab 300 sh -c "cd benchmarks && for b in triton triton:nosplit; do \
           f=$work/balanced-\${b#*:}.txt; python3 gpu_throughput.py --backends \$b --no-hf --save-steps $work \
           --workloads b > \$f 2>&1; tail -14 \$f; done" ;;
+      unified) stage unified-ab 170 sh -c "cd benchmarks && python3 gpu_throughput.py --backends \
+          triton:unified --no-hf --save-steps $work --workloads b > $work/unified.txt 2>&1; \
+          tail -14 $work/unified.txt" ;;
       decode-ab) stage decode-ab 240 env OUT="$work/decode-ab" bash benchmarks/gpu/decode_ab.sh run ;;
       flip-full)  # this copy only: later stages run with --cudagraph-mode FULL as the default
         sed -i 's/^DEFAULT_CUDAGRAPH_MODE = .*/DEFAULT_CUDAGRAPH_MODE = "FULL"/' calibration/graph_replay.py
