@@ -56,3 +56,20 @@ def test_a_log_without_large_decodes_says_so(tmp_path):
     assert done.stdout.splitlines()[-1].endswith(": 0.00 s (0%)")
     done = run(str(tmp_path / "missing.jsonl"))
     assert done.returncode == 2 and done.stderr.startswith("decode_skew: error: cannot read")
+
+
+@pytest.mark.skipif(not CHECKS.is_dir(), reason="no shipped H100 runs")
+def test_step_floor_splits_a_runs_loss_by_step_class():
+    """``benchmarks/gpu/step_floor.py``: per class of step, time over the floor and its
+    share of the run's loss; the shares add up, the total's floor / wall is the run's."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "step_floor.py"), str(CHECKS / "steps-1s.jsonl.gz")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [x.split() for x in done.stdout.splitlines()[2:] if x.startswith("  ") and "%" in x]
+    shares = [int(r[-1].rstrip("%")) for r in rows if r[0] != "total"]
+    assert 97 <= sum(shares) <= 103 and len(shares) >= 5
+    large = next(r for r in rows if r[:2] == ["decode", "192-256"])
+    assert float(large[-2]) > 1.5 and max(shares) == int(large[-1].rstrip("%"))
+    assert "floor / wall: 0.63" in done.stdout
