@@ -193,16 +193,17 @@ class TritonBackend(AttentionBackend):
             return self._prefill_fields(query_lens, block_q)
         seq, start = query_blocks(query_lens, block_q)
         fields = {"q_block_seq": seq, "q_block_start": start}
-        key = (block_q, self.num_splits(len(query_lens), max_query_len))
-        if max_query_len == 1 and key[1] == 1 and key in self.balanced:
+        key = (block_q, self.num_splits(len(query_lens), 1))
+        if key[1] == 1 and key in self.balanced:
             tile_n = self.launch.get(key, (DECODE_TILE,))[0]
             items, reduce = balanced_work(seq_lens, tile_n)
             fields["work_items"], fields["work_reduce"] = items.ravel(), reduce.ravel()
         return fields
 
     def _prefill_fields(self, query_lens: np.ndarray, block_q: int) -> dict[str, np.ndarray]:
-        """The query blocks of a prefill or mixed pass (eager): with the decodes
-        apart when the pass is large enough (see the module doc)."""
+        """The query blocks of a prefill or mixed pass (eager): with the rows of one
+        query (decodes, or a one-token prompt chunk: the same attention) apart when
+        the pass is large enough (see the module doc)."""
         decodes = np.flatnonzero(query_lens == 1)
         if not (
             self.separate_decodes
