@@ -60,6 +60,7 @@ def measure(
     from roseinfer.config import SchedulerConfig
     from roseinfer.executor.builder import RunnerChoice, new_runner
     from roseinfer.executor.engine import Engine
+    from roseinfer.executor.graph_runner import capture_sizes
     from roseinfer.executor.models import build_model
     from roseinfer.request import Request
 
@@ -77,7 +78,7 @@ def measure(
     runner.adapter.logits = lambda h: torch.zeros(h.shape[0], vocab)  # type: ignore[method-assign]
     if balanced:
         backend = runner.backend
-        for size in backend_sizes(MAX_NUM_SEQS):
+        for size in capture_sizes(MAX_NUM_SEQS):
             key = (backend.block_q(1), backend.num_splits(size, 1))
             if key[1] == 1:
                 backend.balanced.add(key)
@@ -108,13 +109,6 @@ def measure(
     out = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
     out["total"] = sum(out.values())
     return out
-
-
-def backend_sizes(max_num_seqs: int) -> list[int]:
-    """The decode capture sizes up to ``max_num_seqs``."""
-    from roseinfer.executor.graph_runner import capture_sizes
-
-    return capture_sizes(max_num_seqs)
 
 
 def run_in(python: str, batch: int, steps: int, warmup: int, *extra: object) -> dict[str, float]:

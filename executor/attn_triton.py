@@ -42,8 +42,9 @@ chooses the launch shape from host integers only (no device read):
 * decodes of a large mixed pass: the pass's query blocks have the prefill's
   ``block_q`` (128 rows for a long prefill), so a decode row in it (one query,
   4 rows with 4 query heads per KV head) would multiply 128-row tiles of which
-  124 are padding: with 256 decodes of 1,024 tokens beside a long chunk, some
-  130 GFLOP a layer of padding (6 ms a step at 700 TFLOP/s). An eager
+  124 are padding: with 256 decodes of 1,024 tokens beside a long chunk, 2,048
+  programs x 16 tiles of 64 keys x two 128 x 128 x 64 products = 137 GFLOP a
+  layer, 124/128 of it padding (arithmetic, not a measurement). An eager
   pass of at least :data:`SEPARATE_DECODES_MIN_TOKENS` prefill tokens and
   :data:`SEPARATE_DECODES_MIN_ROWS` decodes therefore launches its decode rows
   apart, at the decode shape (one more launch a layer, on a pass whose GPU time
