@@ -119,7 +119,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kernel-table",
         action="store_true",
-        help="print the torch profiler's kernel table of each step of (c) on the eager backends",
+        help="print the torch profiler's kernel table of each step of (c) (graph replays "
+        "included: their kernels are traced)",
+    )
+    p.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="print cProfile's functions by own time over the forwards of each decode step of "
+        "(c): where the runner's host seconds go",
     )
     p.add_argument(
         "--save-steps",
@@ -399,6 +406,30 @@ def kernel_tables(runner: ModelRunner, args) -> None:
               file=sys.stderr, flush=True)  # fmt: skip
 
 
+def host_profiles(runner: ModelRunner, args) -> None:
+    """cProfile over ``REPEATS`` forwards of each decode step of (c), top functions by
+    own time, to stderr: what the ``host ms`` column is made of (a graph replay's
+    GPU time is waited for outside the profiled calls)."""
+    import cProfile
+    import pstats
+
+    for name, seqs in step_shapes(args):
+        if not name.startswith("decode") or len(seqs) > args.max_num_seqs:
+            continue
+        inputs = scratch_inputs(seqs, BLOCK_SIZE, runner.num_kv_blocks, runner.vocab_size)
+        runner.forward(inputs)
+        prof = cProfile.Profile()
+        for _ in range(REPEATS):
+            synchronize(runner.device)
+            prof.enable()
+            runner.forward(inputs)
+            prof.disable()
+        synchronize(runner.device)
+        print(f"== host functions of {name} ({system_name(runner)}), {REPEATS} forwards",
+              file=sys.stderr)  # fmt: skip
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(14)
+
+
 def step_shape(seqs: list[tuple[int, int]]) -> BatchShape:
     prefills = [(n, c) for n, c in seqs if n > 1]
     return BatchShape(
@@ -440,8 +471,10 @@ def bench_backend(loaded, backend, args, loads, floor, max_model_len):
               f"{gc.full_collections} full collections, longest pause {gc.max_s * 1e3:.0f} ms",
               file=sys.stderr, flush=True)  # fmt: skip
     steps = step_rows(runner, args, floor)
-    if args.kernel_table and runner.graphs is None:
+    if args.kernel_table:
         kernel_tables(runner, args)
+    if args.host_profile:
+        host_profiles(runner, args)
     for row in steps:  # as they come: a run cut short still shows them
         print("  " + " | ".join(map(str, row)), file=sys.stderr, flush=True)
     return rows, steps, notes

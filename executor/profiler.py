@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import sys
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -85,7 +86,7 @@ class _Point:
     kind: str
     seqs: list[tuple[int, int]]
     tokens: list[list[int]]  # each sequence's whole token list (context)
-    tables: list[list[int]]
+    tables: list[array]  # array('i'), as the engine passes the block manager's own
     times_s: list[float]
 
 
@@ -95,7 +96,7 @@ def _make_point(kind: str, seqs: list[tuple[int, int]], runner: ModelRunner, off
         first_block=offset, seed=offset,
     )  # fmt: skip
     tokens = [list(s.token_ids) for s in inputs]
-    return _Point(kind, seqs, tokens, [list(s.block_table) for s in inputs], [])
+    return _Point(kind, seqs, tokens, [array("i", s.block_table) for s in inputs], [])
 
 
 def time_step(runner: ModelRunner, point: _Point) -> float:

@@ -43,6 +43,23 @@ def test_the_step_table_alone_is_a_quick_a_b():
     assert not any(line.split()[:1] == ["a"] for line in out.splitlines())
 
 
+def test_kernel_tables_and_host_profiles_print_for_every_step():
+    """``--kernel-table`` profiles each step of (c) on any runner (it was skipped when
+    the runner had graphs), ``--host-profile`` runs cProfile over each decode step's
+    forwards: the runner's own functions appear in it."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "tiny-llama", "--device", "cpu", "--small",
+         "--workloads", "", "--backends", "sdpa", "--kernel-table", "--host-profile"],
+        capture_output=True, text=True, timeout=600, cwd=SCRIPT.parent, check=True,
+    )  # fmt: skip
+    err = done.stderr
+    assert "== kernels of decode 4 x ctx 64 (roseinfer-sdpa)" in err
+    assert "== kernels of prefill 2 x 64 (roseinfer-sdpa)" in err
+    assert "== host functions of decode 4 x ctx 64 (roseinfer-sdpa), 5 forwards" in err
+    assert "== host functions of prefill" not in err
+    assert "tottime" in err and "executor/" in err  # the runner's own functions
+
+
 def test_a_served_workloads_steps_are_saved_as_a_step_log(tmp_path):
     """``--save-steps DIR``: workload (b)'s steps in rose-run's step-log schema, with
     the model's shape and the runner's facts, readable by ``load_step_log``."""

@@ -590,3 +590,30 @@ def test_the_decode_host_benchmark_times_each_part(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "this/base" in done.stdout and "bal/this" in done.stdout
+
+
+def test_scratch_inputs_hand_the_runner_array_tables_as_the_engine_does():
+    """The step table, the profile grid and the warm-up time steps built by
+    ``scratch_inputs``: with list tables they timed a read of the block ids (one
+    numpy call per sequence) that the engine's ``array('i')`` tables skip, and the
+    block-table benchmark prints both reads."""
+    import subprocess
+    import sys
+    from array import array
+    from pathlib import Path
+
+    from roseinfer.executor.input_batch import used_block_ids
+    from roseinfer.executor.warmup import scratch_inputs
+
+    inputs = scratch_inputs([(1, 40), (3, 20)], 16, num_kv_blocks=4, vocab_size=50)
+    assert all(isinstance(s.block_table, array) for s in inputs)
+    assert [list(s.block_table) for s in inputs] == [[0, 1, 2], [3, 0]]  # wraps the pool
+    assert used_block_ids(inputs, np.array([3, 2])).tolist() == [0, 1, 2, 3, 0]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "block_table_read.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--batch-sizes", "2,8", "--number", "2", "--repeats", "1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["2", "8"] and all(float(v) > 0 for r in rows for v in r[1:])

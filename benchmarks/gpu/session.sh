@@ -21,7 +21,9 @@
 # (the copy on the device is edited; nothing comes back but the results).
 # STAGES="tests balanced": the CUDA tests (balanced key splits compiled), then gpu_throughput.py's
 # workload (b) and step table with the warm-up free to keep balanced splits and with them ruled
-# out (triton:nosplit), one process each (about 4-5 minutes); "unified" adds (b) with a mixed
+# out (triton:nosplit), one process each (about 4-5 minutes; the first also prints the profiler's
+# kernels of every step and cProfile's host functions of each decode step, into balanced-triton.txt
+# with the rest); "unified" adds (b) with a mixed
 # pass's decodes in its one launch, as before 2026-11-27 (triton:unified, about 2.5 minutes).
 # Knobs: DEADLINE (s from the start, default 570), STAGES (default "runs bench fit tests"),
 # BENCH_FLAGS (gpu_throughput.py flags, default "--backends triton --no-hf").
@@ -74,8 +76,9 @@ stage() {  # stage NAME MAX_S COMMAND...: run under min(MAX_S, time left - 10 s)
       jitter) stage jitter 150 python3 benchmarks/gpu/eager_jitter.py --output "$work/eager-jitter.json" ;;
       adopts) stage adopts 90 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py -k adopts ;;
       balanced) stage balanced-ab 300 sh -c "cd benchmarks && for b in triton triton:nosplit; do \
-          f=$work/balanced-\${b#*:}.txt; python3 gpu_throughput.py --backends \$b --no-hf --save-steps $work \
-          --workloads b > \$f 2>&1; tail -14 \$f; done" ;;
+          f=$work/balanced-\${b#*:}.txt; x=''; [ \$b = triton ] && x='--kernel-table --host-profile'; \
+          python3 gpu_throughput.py --backends \$b --no-hf --save-steps $work --workloads b \$x \
+          > \$f 2>&1; tail -14 \$f; done" ;;
       unified) stage unified-ab 170 sh -c "cd benchmarks && python3 gpu_throughput.py --backends \
           triton:unified --no-hf --save-steps $work --workloads b > $work/unified.txt 2>&1; \
           tail -14 $work/unified.txt" ;;
