@@ -471,12 +471,15 @@ def bench_backend(loaded, backend, args, loads, floor, max_model_len):
               f"{gc.full_collections} full collections, longest pause {gc.max_s * 1e3:.0f} ms",
               file=sys.stderr, flush=True)  # fmt: skip
     steps = step_rows(runner, args, floor)
-    if args.kernel_table:
-        kernel_tables(runner, args)
-    if args.host_profile:
-        host_profiles(runner, args)
     for row in steps:  # as they come: a run cut short still shows them
         print("  " + " | ".join(map(str, row)), file=sys.stderr, flush=True)
+    for wanted, tables in ((args.kernel_table, kernel_tables), (args.host_profile, host_profiles)):
+        if not wanted:
+            continue
+        try:  # diagnostics: a profiler that fails here must not lose the tables
+            tables(runner, args)
+        except Exception as err:  # noqa: BLE001 - reported in one line, the run goes on
+            print(f"  {tables.__name__} failed: {type(err).__name__}: {err}", file=sys.stderr)
     return rows, steps, notes
 
 
