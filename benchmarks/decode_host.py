@@ -114,6 +114,8 @@ def measure(
 def run_in(python: str, batch: int, steps: int, warmup: int, *extra: object) -> dict[str, float]:
     """:func:`measure` in a fresh process of ``python`` (one torch thread: the host
     work is single-threaded Python and numpy); ``extra``: its further arguments."""
+    if os.sep in python:  # a path: the child runs in benchmarks/, so not relative to it
+        python = os.path.abspath(python)
     call = ", ".join(repr(a) for a in (batch, steps, warmup, *extra))
     code = (
         f"import json, sys, torch; torch.set_num_threads(1); "

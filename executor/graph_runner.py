@@ -15,8 +15,13 @@ and replays it with one launch. Graphs replay fixed addresses and shapes, so:
   intermediate buffers are dead once it returns, so the next one reuses them);
   the output is copied into a static buffer allocated outside the pool;
 * a batch is padded up to the next captured size with rows that compute nothing
-  (:mod:`roseinfer.executor.input_batch`), copied into the static buffers, and
-  replayed; its real rows come back first.
+  (:mod:`roseinfer.executor.input_batch`), written into the static buffers and
+  replayed; its real rows come back first. The static fields are views of one
+  device region with a host mirror (pinned on CUDA): a pass's host arrays are
+  written into the mirror and arrive with one host-to-device copy, plus one
+  device copy that moves its block table into place (a decode step used to make
+  about a dozen: 0.055 ms less host work per decode step at 1 and 8 sequences,
+  0.07 ms at 32-256, on the 2-core VM; ``benchmarks/decode_host.py``).
 
 Mixed and prefill passes stay eager by default (vLLM's ``FULL_DECODE_ONLY``
 cudagraph mode). With ``mixed_max_tokens`` (the ``FULL`` mode, as vLLM's) a
@@ -58,7 +63,7 @@ from roseinfer.calibration.graph_replay import (
 )
 
 from .gc_watch import collector_paused
-from .input_batch import PAD_SLOT, HostStep, StepBatch
+from .input_batch import PAD_SLOT, HostBatch, HostStep, StepBatch, aligned
 
 if TYPE_CHECKING:
     from .attn_base import AttentionBackend
@@ -185,7 +190,26 @@ class _Family:
         self.sizes, self.mixed = sizes, mixed
         self.seq_rows, self.field_lens = seq_rows, field_lens
         device = place.device
-        self.flat = {name: torch.from_numpy(a).to(device) for name, a in fields.items()}
+        # Every static field is a view of one region, laid out as the host mirror is,
+        # with room at its end to stage a block table; a pass then arrives in one copy.
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, a in fields.items():
+            if a.dtype != np.int64 or a.ndim != 1:
+                raise ValueError(f"static field {name!r} must be 1-d int64, not {a.dtype}")
+            self.offsets[name] = (start, a.size)
+            start = aligned(start + a.size)
+        self.table_start = start
+        size = start + num_rows * place.max_blocks_per_seq
+        cuda = device.type == "cuda"
+        self.mirror = torch.zeros(size, dtype=torch.long, pin_memory=cuda)
+        self.region = self.mirror.to(device) if cuda else self.mirror
+        self.copied: torch.cuda.Event | None = None  # the last copy out of the mirror
+        for name, (begin, n) in self.offsets.items():
+            self.mirror[begin : begin + n] = torch.from_numpy(fields[name])
+        if cuda:
+            self.region.copy_(self.mirror)
+        self.flat = {name: self.region[b : b + n] for name, (b, n) in self.offsets.items()}
         self.tables = torch.zeros(
             (num_rows, place.max_blocks_per_seq), dtype=torch.long, device=device
         )
@@ -218,12 +242,35 @@ class _Family:
             extra={name: flat[name][:n] for name, n in self.field_lens(size).items()},
         )
 
-    def load(self, batch: StepBatch) -> None:
-        """Copy a padded batch into the static buffers (device to device)."""
-        for name, values in batch.flat_fields().items():
-            self.flat[name][: values.numel()].copy_(values)
-        width = batch.block_tables.shape[1]
-        self.tables[: batch.num_seqs, :width].copy_(batch.block_tables)
+    def load(self, batch: HostBatch) -> None:
+        """Write a padded pass into the static buffers: its fields and block table
+        into the host mirror of the region (pinned on CUDA), one host-to-device copy
+        of the region, and the table moved from the region's end into place. On
+        CUDA the mirror is rewritten only once its last copy is done (an event,
+        long finished by then: the previous step's sampling waited for the device).
+
+        Raises:
+            ValueError: on a field the static buffers do not have, or longer.
+        """
+        if self.copied is not None:
+            self.copied.synchronize()
+        mirror = self.mirror.numpy()
+        offsets = self.offsets
+        for name, values in batch.fields.items():
+            begin, room = offsets.get(name, (0, -1))
+            if values.size > room:
+                raise ValueError(f"field {name!r} of {values.size} does not fit the static "
+                                 f"buffers ({max(room, 0)})")  # fmt: skip
+            mirror[begin : begin + values.size] = values
+        tables = batch.block_tables
+        rows, width = tables.shape
+        start, end = self.table_start, self.table_start + rows * width
+        mirror[start:end] = tables.reshape(-1)
+        if self.region is not self.mirror:
+            self.region[:end].copy_(self.mirror[:end], non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        self.tables[:rows, :width].copy_(self.region[start:end].view(rows, width))
 
 
 MIXED_QUERY_LEN = 2
@@ -402,8 +449,9 @@ class GraphRunner:
         """Mixed token counts captured so far, ascending."""
         return sorted(self.mixed.captured) if self.mixed is not None else []
 
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        """Run a decode batch already padded to a captured size.
+    def run(self, batch: HostBatch) -> torch.Tensor:
+        """Run a decode batch already padded to a captured size (its host arrays:
+        :meth:`~roseinfer.executor.input_batch.InputBatch.host_batch`).
 
         Returns:
             hidden states ``[batch.num_seqs, hidden]`` (a view of a static buffer,
@@ -418,7 +466,7 @@ class GraphRunner:
             )
         return self._run(self.decode, batch.num_seqs, batch)
 
-    def run_mixed(self, batch: StepBatch) -> torch.Tensor:
+    def run_mixed(self, batch: HostBatch) -> torch.Tensor:
         """Run a prefill/mixed pass already padded to a captured token count
         (:meth:`padded_tokens`, built with :meth:`graph_host_fields`).
 
@@ -435,8 +483,20 @@ class GraphRunner:
                              f"{self.mixed_sizes}")  # fmt: skip
         return self._run(self.mixed, batch.num_tokens, batch)
 
+    def mixed_last_tokens(self, num_seqs: int) -> torch.Tensor:
+        """``[num_seqs]`` device indices of the last token of each of the first
+        ``num_seqs`` sequences of the mixed pass last run (a view of a static
+        buffer, valid until the next run).
+
+        Raises:
+            ValueError: without mixed graphs.
+        """
+        if self.mixed is None:
+            raise ValueError("no mixed graphs: this runner replays decodes only")
+        return self.mixed.flat["last_token_indices"][:num_seqs]
+
     # ------------------------------------------------------------ private
-    def _run(self, family: _Family, size: int, batch: StepBatch) -> torch.Tensor:
+    def _run(self, family: _Family, size: int, batch: HostBatch) -> torch.Tensor:
         captured = family.captured.get(size)
         if captured is None:  # not captured: the same path, eagerly
             views = self._static_batch(family, size)

@@ -11,7 +11,11 @@ persistent device buffer with a single asynchronous copy; every field is then a
 view of that device buffer. Nothing here waits for the device: on CUDA two
 host buffers alternate, and a buffer is rewritten only once the copy that last
 read it is done (an event, normally long finished by then). On CPU the host
-buffer *is* the device buffer.
+buffer *is* the device buffer. A pass replayed from a CUDA graph takes neither:
+its host arrays (:class:`HostBatch`) are written into the graph runner's static
+buffers with one copy (:meth:`~roseinfer.executor.graph_runner.GraphRunner.run`),
+where a packed device batch used to be copied field by field into them again
+(about a dozen small device copies per decode step).
 
 Every field starts at a multiple of :data:`FIELD_ALIGN` elements (128 bytes).
 Triton compiles a kernel once per pattern of 16-byte-aligned pointer arguments;
@@ -41,11 +45,14 @@ if TYPE_CHECKING:
     from .model_runner import SeqInput
 
 PAD_SLOT = -1
+_BASE_FIELDS = frozenset(
+    ("token_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "last_token_indices")
+)  # every pass's one-dimensional fields; the backend's come on top
 HostFields = Callable[[np.ndarray, int, np.ndarray], dict[str, np.ndarray]]
 FIELD_ALIGN = 16  # int64 elements: every field starts 128-byte aligned (see the module doc)
 
 
-def _aligned(num_elements: int) -> int:
+def aligned(num_elements: int) -> int:
     """``num_elements`` rounded up to a multiple of :data:`FIELD_ALIGN`."""
     return -(-num_elements // FIELD_ALIGN) * FIELD_ALIGN
 
@@ -109,6 +116,36 @@ class StepBatch:
             "last_token_indices": self.last_token_indices,
             **self.extra,
         }
+
+
+@dataclass(slots=True)
+class HostBatch:
+    """One pass's metadata on the host, before any copy: what a CUDA-graph pass
+    writes straight into the graph runner's static buffers
+    (:meth:`~roseinfer.executor.graph_runner.GraphRunner.run`), where an eager pass
+    gets a :class:`StepBatch` of device views (:meth:`InputBatch.build`).
+
+    Attributes:
+        fields: the one-dimensional int64 fields by name, the backend's included.
+        block_tables: ``[num_seqs, max_blocks]`` int64.
+        host: the host copies the SDPA paths read (:class:`HostStep`).
+        num_real_seqs: sequences without the padding.
+    """
+
+    fields: dict[str, np.ndarray]
+    block_tables: np.ndarray
+    host: HostStep
+    num_real_seqs: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the pass, padding included."""
+        return len(self.fields["token_ids"])
+
+    @property
+    def num_seqs(self) -> int:
+        """Sequences of the pass, padding included."""
+        return len(self.host.query_lens)
 
 
 def used_block_ids(seqs: Sequence[SeqInput], num_blocks: np.ndarray) -> np.ndarray:
@@ -328,18 +365,16 @@ class InputBatch:
                 one padding sequence (CUDA graphs; :func:`host_arrays`).
             arrays: the pass's :func:`seq_arrays`, when already read.
         """
-        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, arrays)
-        max_query_len = int(host.query_lens.max())
-        extra = host_fields(host.query_lens, max_query_len, host.seq_lens)
-        packed = [*fields.items(), ("block_tables", host.block_tables.reshape(-1))]
-        packed.extend(extra.items())
+        batch = self.host_batch(seqs, host_fields, pad_to, pad_tokens_to, arrays)
+        host = batch.host
+        packed = [*batch.fields.items(), ("block_tables", host.block_tables.reshape(-1))]
         views = self._copy(packed)
-        num_seqs = len(host.query_lens)
+        num_seqs = batch.num_seqs
         return StepBatch(
-            num_tokens=len(fields["token_ids"]),
+            num_tokens=batch.num_tokens,
             num_seqs=num_seqs,
             num_real_seqs=len(seqs),
-            max_query_len=max_query_len,
+            max_query_len=int(host.query_lens.max()),
             max_seq_len=int(host.seq_lens.max()),
             block_size=self.block_size,
             num_kv_blocks=num_kv_blocks,
@@ -351,20 +386,34 @@ class InputBatch:
             last_token_indices=views["last_token_indices"],
             block_tables=views["block_tables"].view(num_seqs, -1),
             host=host,
-            extra={name: views[name] for name in extra},
+            extra={name: views[name] for name in batch.fields if name not in _BASE_FIELDS},
         )
+
+    def host_batch(
+        self,
+        seqs: Sequence[SeqInput],
+        host_fields: HostFields,
+        pad_to: int | None = None,
+        pad_tokens_to: int | None = None,
+        arrays: SeqArrays | None = None,
+    ) -> HostBatch:
+        """The pass's metadata as host arrays, copied nowhere (arguments as
+        :meth:`build`'s): a CUDA-graph pass writes them into the static buffers."""
+        fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, arrays)
+        fields.update(host_fields(host.query_lens, int(host.query_lens.max()), host.seq_lens))
+        return HostBatch(fields, host.block_tables, host, len(seqs))
 
     def _copy(self, arrays: list[tuple[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         """Pack ``arrays`` into the next host buffer, each at a multiple of
         :data:`FIELD_ALIGN`, copy it once, return device views."""
-        total = sum(_aligned(a.size) for _, a in arrays)
+        total = sum(aligned(a.size) for _, a in arrays)
         buf = self._next_buffer(total)
         packed = buf.host.numpy()
         offsets, start = {}, 0
         for name, a in arrays:
             packed[start : start + a.size] = a
             offsets[name] = (start, a.size)
-            start += _aligned(a.size)
+            start += aligned(a.size)
         if self._cuda:
             buf.device[:total].copy_(buf.host[:total], non_blocking=True)
             buf.copied = torch.cuda.Event()

@@ -470,24 +470,25 @@ class ModelRunner:
         last token of each sequence with ``emit`` set (``arrays``: the pass's
         :class:`~roseinfer.executor.input_batch.SeqArrays` when :meth:`_check` read
         them already)."""
-        build, num_blocks = self.input_batch.build, self.num_kv_blocks
+        inputs, graphs = self.input_batch, self.graphs
         if arrays is None:
             arrays = seq_arrays(seqs, self.block_size)
         padded = self._graph_size(arrays)
-        if padded is not None:
-            assert self.graphs is not None
-            batch = build(seqs, self.backend.host_fields, num_blocks, pad_to=padded, arrays=arrays)
-            return self.graphs.run(batch)[: len(seqs)]  # decodes: every row emits
+        if padded is not None:  # into the static buffers in one copy (no device views)
+            assert graphs is not None
+            host = inputs.host_batch(seqs, self.backend.host_fields, pad_to=padded, arrays=arrays)
+            return graphs.run(host)[: len(seqs)]  # decodes: every row emits
         tokens = self._graph_tokens(arrays)
         if tokens is not None:
-            assert self.graphs is not None
-            fields = self.graphs.graph_host_fields(tokens)
-            batch = build(seqs, fields, num_blocks, pad_tokens_to=tokens, arrays=arrays)
-            hidden = self.graphs.run_mixed(batch)
+            assert graphs is not None
+            fields = graphs.graph_host_fields(tokens)
+            host = inputs.host_batch(seqs, fields, pad_tokens_to=tokens, arrays=arrays)
+            hidden = graphs.run_mixed(host)
+            last = graphs.mixed_last_tokens(len(seqs))  # not the padding sequence's
         else:
-            batch = build(seqs, self.backend.host_fields, num_blocks, arrays=arrays)
+            batch = inputs.build(seqs, self.backend.host_fields, self.num_kv_blocks, arrays=arrays)
             hidden = self._body(batch, self.backend.build_metadata(batch))
-        last = batch.last_token_indices[: len(seqs)]  # not the padding sequence's
+            last = batch.last_token_indices[: len(seqs)]
         if not all(emit):
             last = last[torch.tensor(emit, device=last.device)]
         return hidden.index_select(0, last)

@@ -92,6 +92,36 @@ def test_every_field_starts_128_byte_aligned():
         assert batch.positions.tolist() == [i + p for i, n in enumerate(lengths) for p in range(n)]
 
 
+@needs_triton
+def test_a_graph_pass_arrives_in_the_static_buffers_in_one_region():
+    """The static fields are views of one region, each 128-byte aligned (so a graph's
+    kernels keep their aligned-pointer variant); a padded decode's host batch lands
+    in them and in the block table as the eager batch of the same inputs has them, a
+    shorter batch after it overwrites only what it uses, and a field the buffers do
+    not have room for is one ValueError naming it."""
+    model = tiny("tiny-llama").to(DEVICE)
+    runner = runner_for(model)
+    runner.capture_cuda_graphs(max_num_seqs=4, max_model_len=32)
+    family = runner.graphs.decode
+    base = family.region.data_ptr()
+    assert all(t.data_ptr() - base >= 0 and (t.data_ptr() - base) % 128 == 0
+               for t in family.flat.values())  # fmt: skip
+    make = runner.input_batch
+    seqs = [SeqInput([5], 9, [3, 4, 7]), SeqInput([6], 2, [8])]
+    host = make.host_batch(seqs, runner.backend.host_fields, pad_to=4)
+    family.load(host)
+    eager = make.build(seqs, runner.backend.host_fields, 64, pad_to=4)
+    for name, values in eager.flat_fields().items():
+        assert family.flat[name][: values.numel()].tolist() == values.tolist(), name
+    assert family.tables[:4, :3].tolist() == eager.block_tables.tolist()
+    family.load(make.host_batch(seqs[1:], runner.backend.host_fields, pad_to=1))
+    assert family.flat["token_ids"][:4].tolist() == [6, 6, 0, 0]  # rows past 1 as they were
+    assert family.tables[0, :1].tolist() == [8] and family.tables[1, :3].tolist() == [8, 0, 0]
+    host.fields["token_ids"] = np.zeros(5, np.int64)
+    with pytest.raises(ValueError, match="'token_ids' of 5 does not fit"):
+        family.load(host)
+
+
 def runner_for(model, **kw):
     return ModelRunner(
         model, num_kv_blocks=64, block_size=4, device=DEVICE, dtype=torch.float32,
