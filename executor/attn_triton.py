@@ -192,9 +192,10 @@ class TritonBackend(AttentionBackend):
         block_q = self.block_q(max_query_len)
         if max_query_len > 1:
             return self._prefill_fields(query_lens, block_q)
-        seq, start = query_blocks(query_lens, block_q)
-        fields = {"q_block_seq": seq, "q_block_start": start}
-        key = (block_q, self.num_splits(len(query_lens), 1))
+        num_seqs = len(query_lens)  # a decode: one block per sequence, from its query
+        fields = {"q_block_seq": np.arange(num_seqs, dtype=np.int64),
+                  "q_block_start": np.zeros(num_seqs, np.int64)}  # fmt: skip
+        key = (block_q, self.num_splits(num_seqs, 1))
         if key[1] == 1 and key in self.balanced:
             tile_n = self.launch.get(key, (DECODE_TILE,))[0]
             items, reduce = balanced_work(seq_lens, tile_n)

@@ -243,25 +243,22 @@ def host_arrays(
         arrays = seq_arrays(seqs, block_size)
     num_seqs = len(seqs)
     query_lens, starts = arrays.query_lens, arrays.starts
+    if pad_tokens_to is None and bool((query_lens == 1).all()):  # a decode batch
+        return _decode_arrays(seqs, block_size, arrays, max(pad_to or 0, num_seqs))
+    if pad_to is not None and pad_to > num_seqs:
+        raise ValueError("only a decode batch (one token per sequence) is padded")
     seq_lens = arrays.seq_lens
     query_start_loc = np.zeros(num_seqs + 1, np.int64)
     np.cumsum(query_lens, out=query_start_loc[1:])
     num_tokens = int(query_start_loc[-1])
-    if num_tokens == num_seqs and bool((query_lens == 1).all()):  # a decode batch
-        token_ids = np.fromiter((s.token_ids[0] for s in seqs), np.int64, num_tokens)
-        positions = starts.copy()
-        seq_of_token = np.arange(num_seqs)
-    else:
-        token_ids = np.fromiter(
-            itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens
-        )
-        positions = np.arange(num_tokens, dtype=np.int64)
-        positions += np.repeat(starts - query_start_loc[:-1], query_lens)
-        seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+    token_ids = np.fromiter(
+        itertools.chain.from_iterable(s.token_ids for s in seqs), np.int64, num_tokens
+    )
+    positions = np.arange(num_tokens, dtype=np.int64)
+    positions += np.repeat(starts - query_start_loc[:-1], query_lens)
+    seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
     num_blocks = -(-seq_lens // block_size)
-    width = int(num_blocks.max())
-    block_tables = np.zeros((num_seqs, width), np.int64)
-    block_tables[np.arange(width) < num_blocks[:, None]] = arrays.block_ids
+    block_tables = _block_tables(arrays.block_ids, num_blocks, num_seqs)
     slots = block_tables[seq_of_token, positions // block_size] * block_size
     slots += positions % block_size
     fields = {
@@ -270,9 +267,6 @@ def host_arrays(
         "slot_mapping": slots,
         "seq_lens": seq_lens,
     }
-    if pad_to is not None and pad_to > num_seqs:
-        fields, query_lens, block_tables = _pad_decodes(fields, query_lens, block_tables, pad_to)
-        query_start_loc = np.arange(pad_to + 1, dtype=np.int64)
     if pad_tokens_to is not None:
         fields, query_lens, block_tables = _pad_tokens(
             fields, query_lens, block_tables, pad_tokens_to
@@ -284,20 +278,45 @@ def host_arrays(
     return fields, host
 
 
-def _pad_decodes(
-    fields: dict[str, np.ndarray], query_lens: np.ndarray, block_tables: np.ndarray, rows: int
-) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Append ``rows - len(query_lens)`` rows that compute nothing (module doc)."""
-    num_pad = rows - len(query_lens)
-    if int(query_lens.max()) != 1:
-        raise ValueError("only a decode batch (one token per sequence) is padded")
-    pad_values = {"token_ids": 0, "positions": 0, "slot_mapping": PAD_SLOT, "seq_lens": 0}
-    padded = {
-        name: np.concatenate([a, np.full(num_pad, pad_values[name], np.int64)])
-        for name, a in fields.items()
+def _block_tables(block_ids: np.ndarray, num_blocks: np.ndarray, rows: int) -> np.ndarray:
+    """``[rows, max(num_blocks)]`` int64: the first ``len(num_blocks)`` rows hold each
+    sequence's ``block_ids`` (in order, zero-padded), the rest zeros."""
+    width = int(num_blocks.max())
+    tables = np.zeros((rows, width), np.int64)
+    tables[: len(num_blocks)][np.arange(width) < num_blocks[:, None]] = block_ids
+    return tables
+
+
+def _decode_arrays(
+    seqs: Sequence[SeqInput], block_size: int, arrays: SeqArrays, rows: int
+) -> tuple[dict[str, np.ndarray], HostStep]:
+    """:func:`host_arrays` of a decode batch (one token each) padded to ``rows``
+    with rows that compute nothing (module doc): each token is its sequence's
+    last, in its last used block."""
+    num_seqs = len(seqs)
+    starts = arrays.starts
+    token_ids = np.fromiter((s.token_ids[0] for s in seqs), np.int64, num_seqs)
+    num_blocks = starts // block_size + 1
+    slots = arrays.block_ids[np.cumsum(num_blocks) - 1] * block_size
+    slots += starts % block_size
+    positions, seq_lens = starts, starts + 1
+    if rows > num_seqs:
+        zeros = np.zeros(rows - num_seqs, np.int64)
+        token_ids, positions, seq_lens = (
+            np.concatenate((a, zeros)) for a in (token_ids, positions, seq_lens)
+        )
+        slots = np.concatenate((slots, np.full(rows - num_seqs, PAD_SLOT, np.int64)))
+    query_start_loc = np.arange(rows + 1, dtype=np.int64)
+    fields = {
+        "token_ids": token_ids,
+        "positions": positions,
+        "slot_mapping": slots,
+        "seq_lens": seq_lens,
+        "query_start_loc": query_start_loc,
+        "last_token_indices": query_start_loc[:-1],
     }
-    tables = np.concatenate([block_tables, np.zeros((num_pad, block_tables.shape[1]), np.int64)])
-    return padded, np.ones(rows, np.int64), tables
+    tables = _block_tables(arrays.block_ids, num_blocks, rows)
+    return fields, HostStep(np.ones(rows, np.int64), seq_lens, query_start_loc, tables)
 
 
 def _pad_tokens(

@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # before anything imports triton
@@ -65,6 +67,38 @@ def test_host_arrays_pack_a_step_and_pad_decodes():
     assert host.block_tables.tolist() == [[1, 3], [9, 0], [0, 0], [0, 0]]
     with pytest.raises(ValueError, match="decode batch"):
         host_arrays(seqs, block_size=4, pad_to=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    contexts=st.lists(st.integers(0, 70), min_size=1, max_size=9),
+    extra_rows=st.integers(0, 5),
+    block_size=st.sampled_from([1, 4, 16]),
+)
+def test_a_decode_batchs_arrays_are_each_tokens_own(contexts, extra_rows, block_size):
+    """A decode batch's arrays (built at their padded length) against the rule, row by
+    row: each token at its context's position, in the slot its table gives that
+    position; padding rows store nothing and see nothing; tables zero-padded."""
+    rng = np.random.default_rng(len(contexts) * 100 + extra_rows)
+    tables = [rng.permutation(200)[: c // block_size + 1].tolist() for c in contexts]
+    seqs = [SeqInput([7 + i], c, t) for i, (c, t) in enumerate(zip(contexts, tables))]
+    rows = len(seqs) + extra_rows
+    fields, host = host_arrays(seqs, block_size, pad_to=rows)
+    pad = [0] * extra_rows
+    assert fields["token_ids"].tolist() == [7 + i for i in range(len(seqs))] + pad
+    assert fields["positions"].tolist() == contexts + pad
+    assert fields["seq_lens"].tolist() == [c + 1 for c in contexts] + pad
+    expected_slots = [t[c // block_size] * block_size + c % block_size
+                      for c, t in zip(contexts, tables)]  # fmt: skip
+    assert fields["slot_mapping"].tolist() == expected_slots + [-1] * extra_rows
+    assert fields["query_start_loc"].tolist() == list(range(rows + 1))
+    assert fields["last_token_indices"].tolist() == list(range(rows))
+    width = max(len(t) for t in tables)
+    assert (
+        host.block_tables.tolist()
+        == [t + [0] * (width - len(t)) for t in tables] + [[0] * width] * extra_rows
+    )
+    assert host.query_lens.tolist() == [1] * rows
 
 
 def test_input_batch_views_share_one_buffer_and_grow():
