@@ -20,8 +20,9 @@ and replays it with one launch. Graphs replay fixed addresses and shapes, so:
   device region with a host mirror (pinned on CUDA): a pass's host arrays are
   written into the mirror and arrive with one host-to-device copy, plus one
   device copy that moves its block table into place (a decode step used to make
-  about a dozen: 0.055 ms less host work per decode step at 1 and 8 sequences,
-  0.07 ms at 32-256, on the 2-core VM; ``benchmarks/decode_host.py``).
+  about a dozen; with the decode batch's own host arrays, the runner's host work
+  per decode step fell to 0.61-0.95x on the 2-core VM: README, "The host work of
+  a decode step").
 
 Mixed and prefill passes stay eager by default (vLLM's ``FULL_DECODE_ONLY``
 cudagraph mode). With ``mixed_max_tokens`` (the ``FULL`` mode, as vLLM's) a
