@@ -126,7 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--host-profile",
         action="store_true",
         help="print cProfile's functions by own time over the forwards of each decode step of "
-        "(c): where the runner's host seconds go",
+        "(c) and of the short prompt alone: where the runner's host seconds go",
     )
     p.add_argument(
         "--save-steps",
@@ -407,14 +407,16 @@ def kernel_tables(runner: ModelRunner, args) -> None:
 
 
 def host_profiles(runner: ModelRunner, args) -> None:
-    """cProfile over ``REPEATS`` forwards of each decode step of (c), top functions by
-    own time, to stderr: what the ``host ms`` column is made of (a graph replay's
-    GPU time is waited for outside the profiled calls)."""
+    """cProfile over ``REPEATS`` forwards of each decode step of (c) and of the short
+    prompt alone (an eager pass unless replayed: its launches, layer by layer), top
+    functions by own time, to stderr: what the ``host ms`` column is made of (the
+    device is waited for outside the profiled calls)."""
     import cProfile
     import pstats
 
     for name, seqs in step_shapes(args):
-        if not name.startswith("decode") or len(seqs) > args.max_num_seqs:
+        wanted = name.startswith("decode") or name.startswith("prefill 1 x")
+        if not wanted or len(seqs) > args.max_num_seqs:
             continue
         inputs = scratch_inputs(seqs, BLOCK_SIZE, runner.num_kv_blocks, runner.vocab_size)
         runner.forward(inputs)

@@ -56,7 +56,8 @@ def test_kernel_tables_and_host_profiles_print_for_every_step():
     assert "== kernels of decode 4 x ctx 64 (roseinfer-sdpa)" in err
     assert "== kernels of prefill 2 x 64 (roseinfer-sdpa)" in err
     assert "== host functions of decode 4 x ctx 64 (roseinfer-sdpa), 5 forwards" in err
-    assert "== host functions of prefill" not in err
+    assert "== host functions of prefill 1 x 24 (roseinfer-sdpa), 5 forwards" in err
+    assert "== host functions of prefill 2 x" not in err
     assert "tottime" in err and "executor/" in err  # the runner's own functions
 
 
