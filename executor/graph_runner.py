@@ -258,12 +258,14 @@ class _Family:
         mirror = self.mirror.numpy()
         offsets = self.offsets
         for name, values in batch.fields.items():
-            begin, room = offsets.get(name, (0, -1))
+            if name not in offsets:
+                raise ValueError(f"the static buffers have no field {name!r}")
+            begin, room = offsets[name]
             if values.size > room:
                 raise ValueError(f"field {name!r} of {values.size} does not fit the static "
-                                 f"buffers ({max(room, 0)})")  # fmt: skip
+                                 f"buffers ({room})")  # fmt: skip
             mirror[begin : begin + values.size] = values
-        tables = batch.block_tables
+        tables = batch.host.block_tables
         rows, width = tables.shape
         start, end = self.table_start, self.table_start + rows * width
         mirror[start:end] = tables.reshape(-1)

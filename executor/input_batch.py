@@ -127,15 +127,12 @@ class HostBatch:
 
     Attributes:
         fields: the one-dimensional int64 fields by name, the backend's included.
-        block_tables: ``[num_seqs, max_blocks]`` int64.
-        host: the host copies the SDPA paths read (:class:`HostStep`).
-        num_real_seqs: sequences without the padding.
+        host: query lengths, sequence lengths, query starts and the block tables
+            ``[num_seqs, max_blocks]`` (:class:`HostStep`).
     """
 
     fields: dict[str, np.ndarray]
-    block_tables: np.ndarray
     host: HostStep
-    num_real_seqs: int
 
     @property
     def num_tokens(self) -> int:
@@ -420,7 +417,7 @@ class InputBatch:
         :meth:`build`'s): a CUDA-graph pass writes them into the static buffers."""
         fields, host = host_arrays(seqs, self.block_size, pad_to, pad_tokens_to, arrays)
         fields.update(host_fields(host.query_lens, int(host.query_lens.max()), host.seq_lens))
-        return HostBatch(fields, host.block_tables, host, len(seqs))
+        return HostBatch(fields, host)
 
     def _copy(self, arrays: list[tuple[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         """Pack ``arrays`` into the next host buffer, each at a multiple of

@@ -154,6 +154,9 @@ def test_a_graph_pass_arrives_in_the_static_buffers_in_one_region():
     host.fields["token_ids"] = np.zeros(5, np.int64)
     with pytest.raises(ValueError, match="'token_ids' of 5 does not fit"):
         family.load(host)
+    host.fields = {"tokens": np.zeros(1, np.int64)}
+    with pytest.raises(ValueError, match="have no field 'tokens'"):
+        family.load(host)
 
 
 def runner_for(model, **kw):
