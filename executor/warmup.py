@@ -149,8 +149,9 @@ def scratch_inputs(
     ``array('i')``, as the engine passes the block manager's own
     (``BlockManager.block_ids``), so a step timed on these pays the host work
     ``rose-run`` pays: a list table costs the runner one numpy read per sequence
-    (:func:`~roseinfer.executor.input_batch.used_block_ids`; 0.72 ms against
-    0.05 ms for 256 tables of 64 blocks on the 2-core VM).
+    (:func:`~roseinfer.executor.input_batch.used_block_ids`; 0.65 ms against
+    0.05 ms for 256 tables of 64 blocks on the 2-core VM:
+    ``benchmarks/block_table_read.py``).
     """
     gen = torch.Generator().manual_seed(seed)
     inputs, block = [], first_block
