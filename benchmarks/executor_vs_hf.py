@@ -28,6 +28,12 @@ own output length) for one workload, model and device, on three systems:
   ``OMP_NUM_THREADS`` = ``--threads`` and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
   (unless set): the same 2 unbound threads as the others (vLLM's ``auto``
   binding would keep one of the 2 cores for its front-end process).
+* ``roseinfer-base`` (``--baseline-python BASE/bin/python``): another checkout of
+  roseinfer, a release to compare with, installed in the venv of that python, as
+  a worker subprocess (``_rose_worker.py``) running *that* checkout's ``Rose``
+  system (its runner and limits, its ``Engine``) on each round's requests after
+  the same warm-up as this process. The headline adds ``roseinfer /
+  roseinfer-base`` (no regression: 1x) and whether the greedy outputs are equal.
 
 Model: GPT-2 124M shapes with random weights (``build_model('gpt2')``: the
 same compute as the real GPT-2), float32, CPU by default, the *same* model
@@ -51,7 +57,9 @@ token for token.
     python benchmarks/executor_vs_hf.py            # 16 requests, ~4 min on 2 shared cores
     python benchmarks/executor_vs_hf.py --quick    # < 1 minute
     python benchmarks/executor_vs_hf.py --num-requests 64 --fit scale --w2-32 --repeats 3 \
-        --vllm-python /path/to/vllm-venv/bin/python   # the issue-10 targets, ~1 h
+        --vllm-python /path/to/vllm-venv/bin/python   # against transformers and vLLM, ~1 h
+    python benchmarks/executor_vs_hf.py --w2-32 --repeats 5 --systems roseinfer \
+        --baseline-python BASE/bin/python             # against a release, ~6 min
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +107,7 @@ PAD_ID = 0
 SYSTEMS = ("roseinfer", "hf-static", "hf-cb", "vllm")
 W2_PROMPTS = (992, 4, 4, 4)  # the seeds' 033 mix, long prompt fitted to GPT-2's 1024
 VLLM_WORKER = Path(__file__).with_name("_vllm_worker.py")
+ROSE_WORKER = Path(__file__).with_name("_rose_worker.py")
 BLOCK_SIZE = 16
 
 
@@ -166,45 +176,50 @@ def find_vllm_python(arg: str | None) -> str | None:
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
-class Vllm:
-    """vLLM's ``LLM.generate`` in a worker subprocess (see ``_vllm_worker.py``).
+class Worker:
+    """A system in a worker subprocess: one JSON object per line on its stdin, its
+    answers on stdout lines starting ``@@RESULT `` (anything else it prints goes to
+    a log). The first answer says it is ready (``ready``, its fields).
+
+    Args:
+        name: what error messages call it.
+        cmd: the command line.
+        tmp: a temporary directory the worker owns (its log goes there; removed
+            by :meth:`close`).
+        env: the worker's environment.
 
     Raises:
         RuntimeError: if the worker exits or answers without a result (the
             message holds the tail of its log).
     """
 
-    def __init__(self, python: str, model, workloads_: Sequence[Sequence[Request]], threads: int):
-        self.tmp = tempfile.TemporaryDirectory(prefix="rose-vllm-")
-        model.save_pretrained(self.tmp.name)
-        # every request at full length at once, and at least a few 1024-token ones
-        tokens = max([blocks_needed(w, BLOCK_SIZE) * BLOCK_SIZE for w in workloads_] + [4096])
-        kv_bytes = tokens * KV_BYTES_PER_TOKEN_GPT2_FP32
-        max_seqs = max(len(w) for w in workloads_)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        self.log_path = Path(self.tmp.name) / "vllm.log"
+    def __init__(self, name: str, cmd: list[str], tmp, env: dict[str, str]) -> None:
+        self.name, self.tmp = name, tmp
+        self.log_path = Path(tmp.name) / "worker.log"
         self.log = self.log_path.open("w")
-        cmd = [python, str(VLLM_WORKER), self.tmp.name, str(GPT2_CONTEXT), str(max_seqs)]
         self.proc = subprocess.Popen(
-            [*cmd, str(kv_bytes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env=env,
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
         )
-        self.startup_s = self._read()["startup_s"]
+        self.ready = self._read()
+        self.startup_s = float(self.ready["startup_s"])
+
+    def request_rows(self, reqs: Sequence[Request]) -> list[list[object]]:
+        """The ``requests`` rows of a message to this worker."""
+        raise NotImplementedError
 
     def run(self, reqs: Sequence[Request]) -> Result:
-        msg = {"requests": [[list(r.prompt_token_ids), r.max_output_tokens] for r in reqs]}
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-        res = self._read()
+        """All of ``reqs`` at t=0 in the worker: its wall seconds and outputs."""
+        res = self.ask({"requests": self.request_rows(reqs)})
         outs = {r.request_id: list(o) for r, o in zip(reqs, res["outputs"])}
         n = sum(len(v) for v in outs.values())
         return Result(res["wall_s"], n, n, outs)
+
+    def ask(self, msg: dict) -> dict:
+        """Send one message, return the worker's answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
 
     def _read(self) -> dict:
         assert self.proc.stdout is not None
@@ -214,7 +229,7 @@ class Vllm:
             self.log.write(line)
         self.log.flush()
         tail = self.log_path.read_text()[-2000:]
-        raise RuntimeError(f"vLLM worker exited ({self.proc.wait()}); log tail:\n{tail}")
+        raise RuntimeError(f"{self.name} worker exited ({self.proc.wait()}); log tail:\n{tail}")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -227,6 +242,48 @@ class Vllm:
                 self.proc.kill()
         self.log.close()
         self.tmp.cleanup()
+
+
+class Vllm(Worker):
+    """vLLM's ``LLM.generate`` in a worker subprocess (see ``_vllm_worker.py``)."""
+
+    def __init__(self, python: str, model, workloads_: Sequence[Sequence[Request]], threads: int):
+        tmp = tempfile.TemporaryDirectory(prefix="rose-vllm-")
+        model.save_pretrained(tmp.name)
+        # every request at full length at once, and at least a few 1024-token ones
+        tokens = max([blocks_needed(w, BLOCK_SIZE) * BLOCK_SIZE for w in workloads_] + [4096])
+        kv_bytes = tokens * KV_BYTES_PER_TOKEN_GPT2_FP32
+        max_seqs = max(len(w) for w in workloads_)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        cmd = [python, str(VLLM_WORKER), tmp.name, str(GPT2_CONTEXT), str(max_seqs), str(kv_bytes)]
+        super().__init__("vLLM", cmd, tmp, env)
+
+    def request_rows(self, reqs: Sequence[Request]) -> list[list[object]]:
+        return [[list(r.prompt_token_ids), r.max_output_tokens] for r in reqs]
+
+
+class BaseRose(Worker):
+    """Another checkout's roseinfer (a release to compare with) in a worker
+    subprocess under that checkout's venv python (see ``_rose_worker.py``): its
+    own ``Rose`` system on the same requests, so a round times both checkouts.
+
+    Args:
+        python: the python of a venv where the other checkout is installed.
+        threads: its torch threads (the same as this side's).
+        backend: its attention backend (``auto``: its own default).
+    """
+
+    def __init__(self, python: str, threads: int, backend: str) -> None:
+        tmp = tempfile.TemporaryDirectory(prefix="rose-base-")
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env.pop("PYTHONPATH", None)  # the worker imports the other checkout's roseinfer only
+        cmd = [python, str(ROSE_WORKER), str(threads), backend]
+        super().__init__("baseline roseinfer", cmd, tmp, env)
+        self.checkout = str(self.ready["checkout"])
+
+    def request_rows(self, reqs: Sequence[Request]) -> list[list[object]]:
+        return [[r.request_id, list(r.prompt_token_ids), r.max_output_tokens] for r in reqs]
 
 
 # -------------------------------------------------------- HF static generate
@@ -365,9 +422,10 @@ def w2_32() -> tuple[list[Request], str]:
 
 
 def make_systems(
-    reqs: list[Request], model, args, device, dtype, vllm: Vllm | None
+    reqs: list[Request], model, args, device, dtype, workers: dict[str, Worker]
 ) -> tuple[dict[str, Callable[[], Result]], dict[str, float]]:
-    """The runnable systems of one workload and their one-time start-up seconds."""
+    """The runnable systems of one workload and their one-time start-up seconds
+    (``workers``: systems in subprocesses, by name: ``vllm``, ``roseinfer-base``)."""
     systems: dict[str, Callable[[], Result]] = {}
     startup: dict[str, float] = {}
     if "roseinfer" in args.systems:
@@ -389,12 +447,12 @@ def make_systems(
     if "hf-cb" in args.systems:
         cb_config = hf_cb_config(reqs, args.hf_page_size, args.hf_max_batch_tokens)
         systems["hf-cb"] = lambda: hf_cb(model, reqs, cb_config)
-    if vllm is not None:
-        systems["vllm"] = lambda: vllm.run(reqs)
+    for key, worker in workers.items():
+        systems[key] = lambda worker=worker: worker.run(reqs)
     return systems, startup
 
 
-def warm_up(model, args, device, dtype, vllm: Vllm | None) -> None:
+def warm_up(model, args, device, dtype, workers: dict[str, Worker]) -> None:
     """A few short requests through every system (one-time allocations, caches)."""
     warm = [Request(f"warm-{i}", 0.0, 16, 4, tuple(range(100 + i, 116 + i))) for i in range(4)]
     for backend in args.rose_backends if "roseinfer" in args.systems else []:
@@ -402,8 +460,8 @@ def warm_up(model, args, device, dtype, vllm: Vllm | None) -> None:
     hf_static(model, warm, 4, device)
     if "hf-cb" in args.systems:
         hf_cb(model, warm, hf_cb_config(warm, args.hf_page_size, args.hf_max_batch_tokens))
-    if vllm is not None:
-        vllm.run(warm)
+    for worker in workers.values():
+        worker.run(warm)
 
 
 def bench_workload(
@@ -413,11 +471,12 @@ def bench_workload(
     args: argparse.Namespace,
     device: torch.device,
     dtype,
-    vllm: Vllm | None = None,
+    workers: dict[str, Worker] | None = None,
 ) -> list[list[object]]:
     """All systems on one workload, rounds interleaved; prints and returns its rows."""
-    systems, _startup = make_systems(reqs, model, args, device, dtype, vllm)
-    warm_up(model, args, device, dtype, vllm)
+    workers = workers or {}
+    systems, _startup = make_systems(reqs, model, args, device, dtype, workers)
+    warm_up(model, args, device, dtype, workers)
     results: dict[str, list[Result]] = {k: [] for k in systems}
     names = list(systems)
     for rep in range(args.repeats):
@@ -436,9 +495,10 @@ def bench_workload(
 
 
 def print_targets(name: str, results: dict[str, list[Result]]) -> None:
-    """roseinfer vs the best HF system (2x target) and vs vLLM (1.5x target):
-    ratio of medians, and the range of the per-round ratios (same round, so
-    both sides saw the same machine load)."""
+    """roseinfer vs the best HF system (2x target), vs vLLM (1.5x target) and
+    vs another checkout (``roseinfer-base``: no regression, 1x, and the same
+    greedy outputs): ratio of medians, and the range of the per-round ratios
+    (same round, so both sides saw the same machine load)."""
     if "roseinfer" not in results:
         return
     med = {k: statistics.median(r.tok_s for r in v) for k, v in results.items()}
@@ -448,13 +508,19 @@ def print_targets(name: str, results: dict[str, list[Result]]) -> None:
         targets.append((max(hf_keys, key=med.__getitem__), 2.0))
     if "vllm" in med:
         targets.append(("vllm", 1.5))
+    if "roseinfer-base" in med:
+        targets.append(("roseinfer-base", 1.0))
     for other, target in targets:
         ratio = med["roseinfer"] / med[other]
         paired = [a.tok_s / b.tok_s for a, b in zip(results["roseinfer"], results[other])]
         verdict = "meets" if ratio >= target else "BELOW"
+        same = ""
+        if other == "roseinfer-base":
+            mine, theirs = results["roseinfer"][0].outputs, results[other][0].outputs
+            same = f"; same greedy outputs {sum(theirs.get(i) == o for i, o in mine.items())}/{len(mine)}"
         print(
             f"[{name}] roseinfer / {other} = {ratio:.2f}x (per round {min(paired):.2f}-"
-            f"{max(paired):.2f}; {verdict} the {target:g}x target)",
+            f"{max(paired):.2f}; {verdict} the {target:g}x target{same})",
             flush=True,
         )
 
@@ -529,6 +595,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=list(SYSTEMS),
         help=f"comma-separated subset of {','.join(SYSTEMS)}",
     )
+    parser.add_argument(
+        "--baseline-python",
+        default=None,
+        help="python of a venv with another roseinfer checkout (a release): its roseinfer "
+        "row, roseinfer-base, runs in the same rounds (its own Rose system, first "
+        "--rose-backends backend)",
+    )
     parser.add_argument("--hf-page-size", type=int, default=256, help="hf-cb page size (tokens)")
     parser.add_argument(
         "--hf-max-batch-tokens",
@@ -569,15 +642,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         loads.append(("w2-32", *w2_32()))
     if args.seed_027:
         loads.append(("seed027", *seed_027_burst()))
-    vllm = start_vllm(args, model, [reqs for _, reqs, _ in loads])
-    rows = []
+    workers: dict[str, Worker] = {}
     try:
+        vllm = start_vllm(args, model, [reqs for _, reqs, _ in loads])
+        if vllm is not None:
+            workers["vllm"] = vllm
+        if args.baseline_python:
+            workers["roseinfer-base"] = start_base(args)
+        rows = []
         for name, reqs, desc in loads:
             print(f"\nworkload {name}: {desc}", flush=True)
-            rows += bench_workload(name, reqs, model, args, device, dtype, vllm)
+            rows += bench_workload(name, reqs, model, args, device, dtype, workers)
     finally:
-        if vllm is not None:
-            vllm.close()
+        for worker in workers.values():
+            worker.close()
     print()
     print(
         table(
@@ -618,6 +696,23 @@ def start_vllm(args, model, loads: Sequence[Sequence[Request]]) -> Vllm | None:
         flush=True,
     )
     return vllm
+
+
+def start_base(args) -> BaseRose:
+    """Start the other checkout's roseinfer worker (``--baseline-python``).
+
+    Raises:
+        SystemExit: one line, if that python is missing or its worker fails to start.
+    """
+    python = args.baseline_python
+    if not Path(python).exists() and shutil.which(python) is None:
+        raise SystemExit(f"executor_vs_hf: --baseline-python {python}: no such python")
+    try:
+        base = BaseRose(python, args.threads, args.rose_backends[0])
+    except RuntimeError as err:
+        raise SystemExit(f"executor_vs_hf: the baseline worker did not start: {err}") from None
+    print(f"roseinfer-base: {base.checkout} (start-up {base.startup_s:.0f} s)", flush=True)
+    return base
 
 
 if __name__ == "__main__":

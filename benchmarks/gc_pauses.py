@@ -8,6 +8,7 @@ collections the run made, the longest pause, all collection time and the run's
 duration, min-max over the rounds, from the result file's ``gc_*`` fields.
 
     python benchmarks/gc_pauses.py                   # 2,000 Azure conv requests, tiny-llama, CPU
+                                                     # (clipped to its 512-token context)
     python benchmarks/gc_pauses.py --num-requests 500 --rounds 1
 
 Extra arguments after ``--`` go to ``rose-run``.
@@ -29,7 +30,17 @@ FIELDS = ("gc_full_collections", "gc_pause_max_s", "gc_pause_s", "duration")
 
 
 def child(mode: str, rose_args: list[str]) -> int:
-    """Run ``rose-run`` in this process, with the freeze off for ``unfrozen``."""
+    """Run ``rose-run`` in this process, with the freeze off for ``unfrozen``.
+
+    Both modes apply rose-run's settings that must precede torch's import first:
+    the ``unfrozen`` patch imports the engine, and with it torch, before rose-run's
+    ``main`` could set ``OMP_WAIT_POLICY=PASSIVE``, so until 2026-11-28 that mode
+    ran with libgomp's active policy, 10% faster on the idle 2-core VM (a run of
+    this benchmark's default: 45.9-48.0 s active against 50.8-53.2 s passive,
+    QUIET): a difference this table put on the freeze."""
+    from roseinfer.cli.executor_flags import prepare_torch
+
+    prepare_torch()
     if mode == "unfrozen":
         import roseinfer.executor.engine as engine
 
@@ -64,8 +75,11 @@ def main() -> int:
     p.add_argument("--model", default="tiny-llama")
     args, rest = p.parse_known_args()
     rest = [a for a in rest if a != "--"]
+    # clipped to the model's context (512 tokens for tiny-llama): with rose-run's default
+    # (--fit-lengths off) 73% of the sample's requests are rejected on arrival
     rose_args = ["--device", "cpu", "--model", args.model, "--workload", "azure-conv-sample",
-                 "--num-requests", str(args.num_requests), "--request-rate", "inf", *rest]  # fmt: skip
+                 "--num-requests", str(args.num_requests), "--request-rate", "inf",
+                 "--fit-lengths", "clip", *rest]  # fmt: skip
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
