@@ -99,8 +99,8 @@ def main() -> None:
 def run(rose, reqs) -> tuple[float, list[list[int]]]:
     """One run of ``reqs`` on that checkout's engine over the system's runner:
     wall seconds and each request's output ids (read from the run's records,
-    whose columns every checkout since the executor has: some checkouts' own
-    ``Rose.run`` read a scheduler attribute their compiled core lacks)."""
+    whose columns every checkout since the executor has; 9ded1cb's own
+    ``Rose.run`` reads ``res.scheduler.seqs``, which its scheduler no longer had)."""
     from roseinfer.executor.engine import Engine
 
     engine = Engine(rose.runner, rose.config, seed=0)
