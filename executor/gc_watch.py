@@ -42,9 +42,10 @@ def frozen_heap() -> Iterator[None]:
     Frozen objects are still freed when their reference count drops to zero; only
     cycles among them wait for the unfreeze. The oldest generation is not collected
     first: with a model, torch and transformers loaded, a full collection walks about
-    420,000 objects (136-140 ms for GPT-2 on the 2-core VM, 2026-11-28), which every
-    ``Engine.run`` paid before its first step, 2% of a W2-32 run of
-    ``benchmarks/executor_vs_hf.py``; the garbage it would find is frozen with the
+    420,000 objects (136-140 ms in a process holding GPT-2 alone on the 2-core VM,
+    2026-11-28), which every ``Engine.run`` paid before its first step: with it,
+    ``benchmarks/executor_vs_hf.py --w2-32`` against 9ded1cb gave 0.92-0.94x, without
+    it 0.97-1.01x (README, Benchmarks). The garbage it would find is frozen with the
     rest and collected after the unfreeze."""
     was_frozen = gc.get_freeze_count() > 0
     gc.collect(1)
